@@ -1,0 +1,147 @@
+"""MANIFEST.json: the record that makes a checkpoint committed, and its strict parser.
+
+Invariant: `parse_manifest` accepts a manifest only if it parses, carries a matching
+self-checksum, names only shard files of the layout, describes byte ranges that lie inside
+their shards and agree with dtype × shape, and was written for the path it sits at. Anything
+else counts as "not committed" — never as a partially valid checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ckptstore.layout import is_shard_name
+from ckptstore.names import NAME_PATTERN
+from ckptstore.position import POSITION_LIMIT, Position
+from ckptstore.shard import checksum, format_crc, numpy_dtype
+
+__all__ = ["FORMAT_NAME", "FORMAT_VERSION", "MAX_MANIFEST_BYTES", "ShardRecord", "TensorRecord", "Manifest",
+           "ManifestError", "parse_manifest"]
+
+FORMAT_NAME = "ckptstore.manifest"
+FORMAT_VERSION = 1
+MAX_MANIFEST_BYTES = 64 << 20
+_CRC_PATTERN = r"^[0-9a-f]{8}$"
+_Count = Field(ge=0, lt=POSITION_LIMIT)
+
+
+class ManifestError(ValueError):
+    """A manifest that does not parse or verify: the checkpoint is not committed."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class ShardRecord(_Strict):
+    file: str
+    bytes: int = Field(ge=0)
+    crc32c: str = Field(pattern=_CRC_PATTERN)
+
+
+class TensorRecord(_Strict):
+    name: str = Field(min_length=1, max_length=1024)
+    dtype: str
+    shape: tuple[int, ...]
+    shard: int = Field(ge=0)
+    begin: int = Field(ge=0)
+    end: int = Field(ge=0)
+    crc32c: str = Field(pattern=_CRC_PATTERN)
+
+    @property
+    def nbytes(self) -> int:
+        return self.end - self.begin
+
+
+class Manifest(_Strict):
+    format: Literal["ckptstore.manifest"] = FORMAT_NAME
+    format_version: Literal[1] = FORMAT_VERSION
+    job: str = Field(pattern="^" + NAME_PATTERN + "$")
+    node: str = Field(pattern="^" + NAME_PATTERN + "$")
+    epoch: int = _Count
+    batch: int | None = _Count
+    attempt: str
+    step: int | None = Field(default=None, ge=0)
+    created_at: str
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    shards: tuple[ShardRecord, ...]
+    tensors: tuple[TensorRecord, ...]
+    manifest_crc32c: str = ""
+
+    @property
+    def position(self) -> Position:
+        return Position(self.epoch, self.batch)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(shard.bytes for shard in self.shards)
+
+    def tensor(self, name: str) -> TensorRecord | None:
+        return next((t for t in self.tensors if t.name == name), None)
+
+    def to_json(self) -> bytes:
+        """Serialise with the self-checksum that `parse_manifest` requires."""
+        body = self.model_dump(mode="json", exclude={"manifest_crc32c"})
+        body["manifest_crc32c"] = format_crc(checksum(_canonical(body)))
+        return json.dumps(body, indent=1).encode()
+
+
+def _canonical(body: dict) -> bytes:
+    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def _check_consistency(manifest: Manifest) -> None:
+    files = [shard.file for shard in manifest.shards]
+    if not files or any(not is_shard_name(f) for f in files) or len(set(files)) != len(files):
+        raise ManifestError(f"manifest lists invalid shard files {files[:5]}")
+    names = [t.name for t in manifest.tensors]
+    if len(set(names)) != len(names):
+        raise ManifestError("manifest lists a tensor name twice")
+    for tensor in manifest.tensors:
+        if tensor.shard >= len(manifest.shards):
+            raise ManifestError(f"tensor {tensor.name!r} points at shard {tensor.shard}, which does not exist")
+        try:
+            itemsize = numpy_dtype(tensor.dtype).itemsize
+        except KeyError:
+            raise ManifestError(f"tensor {tensor.name!r} has unknown dtype {tensor.dtype!r}") from None
+        if any(dim < 0 for dim in tensor.shape) or len(tensor.shape) > 64:
+            raise ManifestError(f"tensor {tensor.name!r} has an invalid shape {tensor.shape}")
+        if not tensor.begin <= tensor.end <= manifest.shards[tensor.shard].bytes:
+            raise ManifestError(f"tensor {tensor.name!r} has a byte range outside its shard")
+        if math.prod(tensor.shape) * itemsize != tensor.nbytes:
+            raise ManifestError(f"tensor {tensor.name!r}: shape {tensor.shape} × {itemsize} B ≠ {tensor.nbytes} B")
+
+
+def parse_manifest(data: bytes, *, expect: tuple[str, str, Position, str] | None = None) -> Manifest:
+    """Parse and verify a manifest; `expect` = (job, node, position, attempt) of the path it was read from.
+
+    Raises ManifestError for anything that is not a committed manifest.
+    """
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise ManifestError(f"manifest is {len(data)} bytes, over the {MAX_MANIFEST_BYTES}-byte limit")
+    try:
+        body = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ManifestError(f"manifest is not JSON: {exc}") from None
+    if not isinstance(body, dict) or not isinstance(body.get("manifest_crc32c"), str):
+        raise ManifestError("manifest has no self-checksum")
+    stated = body.pop("manifest_crc32c")
+    if stated != format_crc(checksum(_canonical(body))):
+        raise ManifestError("manifest self-checksum does not match its content")
+    try:
+        manifest = Manifest.model_validate_json(data)
+    except ValidationError as exc:
+        raise ManifestError(f"manifest does not match the format: {exc.errors()[0]['msg']}") from None
+    _check_consistency(manifest)
+    if expect is not None:
+        job, node, position, attempt = expect
+        if (manifest.job, manifest.node, manifest.position, manifest.attempt) != (job, node, position, attempt):
+            raise ManifestError(
+                f"manifest was written for {manifest.job}/{manifest.node} {manifest.position} attempt "
+                f"{manifest.attempt}, not for the path it sits at"
+            )
+    return manifest

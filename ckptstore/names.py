@@ -1,0 +1,87 @@
+"""Validation of job and node names and attempt ids: the only user text that becomes a storage key.
+
+Invariant: a value that passes here is one path segment that cannot escape its storage root.
+Names are checked after percent-decoding (repeatedly, so double-encoded forms are caught too),
+and must also be valid as given, so `%2e%2e` and `job%2Fx` never reach storage.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from urllib.parse import unquote
+
+from ckptstore.errors import InvalidNameError
+
+__all__ = [
+    "NAME_PATTERN",
+    "validate_name",
+    "validate_attempt",
+    "attempt_sort_key",
+    "attempt_number",
+    "new_offline_attempt",
+]
+
+NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}"
+_NAME_RE = re.compile(NAME_PATTERN + r"\Z")
+_ATTEMPT_RE = re.compile(r"([1-9][0-9]{0,9})(?:-([0-9a-f]{8}))?\Z")
+_MAX_DECODE_ROUNDS = 4
+
+
+def _fully_decoded(value: str) -> str:
+    for _ in range(_MAX_DECODE_ROUNDS):
+        decoded = unquote(value)
+        if decoded == value:
+            return value
+        value = decoded
+    return value
+
+
+def validate_name(value: object, *, kind: str = "name") -> str:
+    """Return `value` if it is a valid job or node name, else raise InvalidNameError.
+
+    `kind` ("job", "node") only shapes the message.
+    """
+    if not isinstance(value, str):
+        raise InvalidNameError(f"{kind} name must be a string, got {type(value).__name__}")
+    decoded = _fully_decoded(value)
+    for candidate in (value, decoded):
+        if not _NAME_RE.match(candidate) or ".." in candidate:
+            shown = value if len(value) <= 64 else value[:64] + "…"
+            raise InvalidNameError(
+                f"invalid {kind} name {shown!r}: use 1-128 characters [A-Za-z0-9._-], "
+                "starting with a letter or digit, without '..' or percent-encoding"
+            )
+    return value
+
+
+def validate_attempt(value: object) -> str:
+    """Return the attempt id as its canonical string ("3" or "3-1a2b3c4d").
+
+    Service attempts are positive integers; offline attempts add an 8-hex-digit suffix.
+    """
+    if isinstance(value, bool):
+        raise InvalidNameError(f"invalid attempt {value!r}")
+    if isinstance(value, int):
+        value = str(value)
+    if not isinstance(value, str) or not _ATTEMPT_RE.match(value):
+        raise InvalidNameError(f"invalid attempt {value!r}: expected a positive integer, optionally '-' and 8 hex digits")
+    return value
+
+
+def attempt_sort_key(attempt: str) -> tuple[int, str]:
+    """Order attempts newest-last: by number, then by offline suffix (a plain service number first)."""
+    match = _ATTEMPT_RE.match(attempt)
+    if match is None:
+        raise InvalidNameError(f"invalid attempt {attempt!r}")
+    return int(match.group(1)), match.group(2) or ""
+
+
+def attempt_number(attempt: str) -> int:
+    """The numeric part of an attempt id."""
+    return attempt_sort_key(attempt)[0]
+
+
+def new_offline_attempt(highest_on_storage: int) -> str:
+    """An attempt id for a start without the service: next number plus a random suffix."""
+    return f"{highest_on_storage + 1}-{secrets.token_hex(4)}"

@@ -1,0 +1,74 @@
+"""Result records of the core: what a save produced, what verification found, whether storage works."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ckptstore.manifest import Manifest
+from ckptstore.position import Position
+
+__all__ = ["CheckpointRef", "CheckpointInfo", "Problem", "VerifyReport", "AccessReport"]
+
+
+@dataclass(frozen=True)
+class CheckpointRef:
+    """A committed checkpoint: where it is and what it holds (the body of a service commit)."""
+
+    job: str
+    node: str
+    position: Position
+    attempt: str
+    location: str
+    bytes: int
+    checksums: dict[str, str]
+    manifest: Manifest = field(repr=False)
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """One attempt prefix found on storage, committed or not (input to retention and reindex)."""
+
+    node: str
+    position: Position
+    attempt: str
+    location: str
+    committed: bool
+    bytes: int
+    modified: float | None
+    manifest: Manifest | None = field(default=None, repr=False)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One defect found by verification. `kind` is one of `Problem.KINDS`."""
+
+    KINDS = ("unreadable_manifest", "missing_shard", "short_shard", "size_mismatch", "checksum_mismatch")
+
+    kind: str
+    file: str
+    detail: str
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """The outcome of verifying one checkpoint; `ok` when committed and no problem was found."""
+
+    location: str
+    position: Position
+    attempt: str
+    committed: bool
+    problems: tuple[Problem, ...] = ()
+    bytes_checked: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.committed and not self.problems
+
+
+@dataclass(frozen=True)
+class AccessReport:
+    """cp_accessible: whether storage could be written, read back and cleaned up just now."""
+
+    ok: bool
+    latency_ms: float | None
+    error: str | None = None

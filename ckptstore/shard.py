@@ -1,0 +1,177 @@
+"""Safetensors shards: packing tensors into shards, streaming them out, and reading them back.
+
+A shard is a plain safetensors file (`safetensors.numpy.load_file` reads it), written as a
+stream of the header followed by each tensor's own buffer, so saving never builds a second
+copy of the state. Within a shard tensors are ordered by decreasing item size, which keeps
+every tensor aligned to its item size for zero-copy views on load.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+import crc32c
+import ml_dtypes
+import numpy as np
+
+__all__ = [
+    "DTYPE_CODES",
+    "dtype_code",
+    "numpy_dtype",
+    "TensorSlot",
+    "ShardPlan",
+    "prepare_arrays",
+    "plan_shards",
+    "iter_shard_chunks",
+    "checksum",
+]
+
+DTYPE_CODES: dict[np.dtype, str] = {
+    np.dtype(np.float64): "F64",
+    np.dtype(np.float32): "F32",
+    np.dtype(np.float16): "F16",
+    np.dtype(ml_dtypes.bfloat16): "BF16",
+    np.dtype(np.complex64): "C64",
+    np.dtype(np.int64): "I64",
+    np.dtype(np.int32): "I32",
+    np.dtype(np.int16): "I16",
+    np.dtype(np.int8): "I8",
+    np.dtype(np.uint64): "U64",
+    np.dtype(np.uint32): "U32",
+    np.dtype(np.uint16): "U16",
+    np.dtype(np.uint8): "U8",
+    np.dtype(np.bool_): "BOOL",
+}
+_DTYPES_BY_CODE = {code: dtype for dtype, code in DTYPE_CODES.items()}
+_HEADER_ALIGN = 8
+
+
+def dtype_code(dtype: np.dtype) -> str:
+    """The safetensors code of a numpy dtype (byte order aside); TypeError if unsupported."""
+    code = DTYPE_CODES.get(np.dtype(dtype).newbyteorder("="))
+    if code is None:
+        supported = ", ".join(str(d) for d in DTYPE_CODES)
+        raise TypeError(f"dtype {dtype} cannot be checkpointed; supported: {supported}")
+    return code
+
+
+def numpy_dtype(code: str) -> np.dtype:
+    """The little-endian numpy dtype for a safetensors code; KeyError if unknown."""
+    return _DTYPES_BY_CODE[code].newbyteorder("<")
+
+
+def checksum(data: object, value: int = 0) -> int:
+    """CRC32C of any buffer (bytes, memoryview, contiguous ndarray), continuing from `value`."""
+    return crc32c.crc32c(data, value)
+
+
+def format_crc(value: int) -> str:
+    return f"{value:08x}"
+
+
+def prepare_arrays(arrays: Mapping[str, object]) -> dict[str, np.ndarray]:
+    """Check names and dtypes; return C-contiguous little-endian arrays (copying only where needed)."""
+    prepared: dict[str, np.ndarray] = {}
+    for name, value in arrays.items():
+        if not isinstance(name, str) or not name or "\x00" in name or name == "__metadata__" or len(name) > 1024:
+            raise ValueError(f"invalid tensor name {name!r}: a non-empty string without NUL, at most 1024 characters")
+        array = np.asarray(value)
+        dtype_code(array.dtype)
+        if array.dtype.byteorder == ">" or (array.dtype.byteorder == "=" and not np.little_endian):
+            array = array.astype(array.dtype.newbyteorder("<"))
+        prepared[name] = array if array.flags.c_contiguous else array.copy(order="C")
+    return prepared
+
+
+@dataclass(frozen=True)
+class TensorSlot:
+    """Where one tensor lives: its shard and absolute byte range in that shard file."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    shard: int
+    begin: int
+    end: int
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    """One shard to write: its header bytes, its tensors in file order, and its total size."""
+
+    index: int
+    header: bytes
+    slots: tuple[TensorSlot, ...]
+    size: int
+
+
+def _encode_header(entries: dict[str, dict]) -> bytes:
+    body = json.dumps(entries, separators=(",", ":"), ensure_ascii=False).encode()
+    body += b" " * (-(8 + len(body)) % _HEADER_ALIGN)
+    return struct.pack("<Q", len(body)) + body
+
+
+def _plan_one(index: int, names: list[str], arrays: Mapping[str, np.ndarray]) -> ShardPlan:
+    ordered = sorted(names, key=lambda n: -arrays[n].dtype.itemsize)
+    entries: dict[str, dict] = {"__metadata__": {"format": "np"}}
+    offset = 0
+    for name in ordered:
+        array = arrays[name]
+        entries[name] = {
+            "dtype": dtype_code(array.dtype),
+            "shape": list(array.shape),
+            "data_offsets": [offset, offset + array.nbytes],
+        }
+        offset += array.nbytes
+    header = _encode_header(entries)
+    base = len(header)
+    slots = tuple(
+        TensorSlot(
+            name=name,
+            dtype=entries[name]["dtype"],
+            shape=tuple(entries[name]["shape"]),
+            shard=index,
+            begin=base + entries[name]["data_offsets"][0],
+            end=base + entries[name]["data_offsets"][1],
+        )
+        for name in ordered
+    )
+    return ShardPlan(index=index, header=header, slots=slots, size=base + offset)
+
+
+def plan_shards(arrays: Mapping[str, np.ndarray], shard_size: int) -> list[ShardPlan]:
+    """Pack tensors, in the caller's order, greedily into shards of at most `shard_size` bytes of data.
+
+    A tensor larger than `shard_size` gets a shard of its own; an empty mapping gives one empty shard.
+    """
+    if shard_size < 1:
+        raise ValueError("shard_size must be positive")
+    groups: list[list[str]] = [[]]
+    filled = 0
+    for name, array in arrays.items():
+        if groups[-1] and filled + array.nbytes > shard_size:
+            groups.append([])
+            filled = 0
+        groups[-1].append(name)
+        filled += array.nbytes
+    return [_plan_one(index, names, arrays) for index, names in enumerate(groups)]
+
+
+def tensor_view(array: np.ndarray) -> memoryview:
+    """The array's bytes as a read-only flat memoryview (no copy)."""
+    return memoryview(array.reshape(-1).view(np.uint8)).toreadonly()
+
+
+def iter_shard_chunks(plan: ShardPlan, arrays: Mapping[str, np.ndarray]) -> Iterator[tuple[str | None, memoryview]]:
+    """Yield the shard's byte chunks in file order: (None, header), then (tensor name, bytes)."""
+    yield None, memoryview(plan.header)
+    for slot in plan.slots:
+        yield slot.name, tensor_view(arrays[slot.name])
+
+
+def parse_header(data: bytes) -> dict:
+    """Parse a safetensors header (without the 8-byte length prefix)."""
+    return json.loads(data)

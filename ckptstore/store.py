@@ -1,0 +1,494 @@
+"""Store: save, load, list, verify and delete checkpoints under one fsspec storage root.
+
+Every public method validates job, node, position and attempt before any storage call, so a
+bad name never reaches the filesystem. Commit order (see `storage`): shards → (local) fsync of
+files and directories → MANIFEST.json published atomically. Reads never trust a listing cache
+and never pick "latest" by time: by position, then attempt.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from datetime import datetime, timezone
+from typing import Any
+
+import numpy as np
+
+from ckptstore.errors import CheckpointNotFoundError, CommitConflictError, CorruptCheckpointError
+from ckptstore.layout import (
+    MANIFEST_NAME,
+    PROBE_DIR,
+    checkpoint_key,
+    normalize_root,
+    parse_position_dirname,
+    shard_name,
+)
+from ckptstore.manifest import Manifest, ManifestError, ShardRecord, TensorRecord, parse_manifest
+from ckptstore.names import attempt_sort_key, new_offline_attempt, validate_attempt, validate_name
+from ckptstore.position import Position
+from ckptstore.report import AccessReport, CheckpointInfo, CheckpointRef, Problem, VerifyReport
+from ckptstore.shard import ShardPlan, checksum, format_crc, iter_shard_chunks, numpy_dtype, plan_shards, prepare_arrays
+from ckptstore.storage import Storage, open_storage
+
+__all__ = ["Store", "DEFAULT_SHARD_SIZE", "DEFAULT_CONCURRENCY"]
+
+log = logging.getLogger("ckptstore")
+
+DEFAULT_SHARD_SIZE = 256 << 20
+DEFAULT_CONCURRENCY = 4
+Buffer = bytes | np.ndarray
+
+
+def _crc_field(value: int) -> str:
+    return f"crc32c:{format_crc(value)}"
+
+
+class Store:
+    """Checkpoints of many jobs and nodes under one storage root (any fsspec URL)."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        storage_options: dict[str, Any] | None = None,
+        shard_size: int = DEFAULT_SHARD_SIZE,
+        concurrency: int = DEFAULT_CONCURRENCY,
+    ):
+        if shard_size < 1 or concurrency < 1:
+            raise ValueError("shard_size and concurrency must be positive")
+        self.url = normalize_root(url)
+        self.shard_size = shard_size
+        self.concurrency = concurrency
+        self._storage: Storage = open_storage(self.url, storage_options)
+
+    def __repr__(self) -> str:
+        return f"Store({self.url!r})"
+
+    def location(self, job: str, node: str, epoch: int, *, attempt: str | int, batch: int | None = None) -> str:
+        """The full location of a checkpoint prefix (what the service expects in a commit)."""
+        return f"{self.url}/{checkpoint_key(job, node, Position(epoch, batch), attempt)}"
+
+    # -- save ----------------------------------------------------------------------------------
+
+    def save(
+        self,
+        job: str,
+        node: str,
+        epoch: int,
+        arrays: Mapping[str, Any],
+        *,
+        attempt: str | int | None = None,
+        batch: int | None = None,
+        step: int | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> CheckpointRef:
+        """Write and commit one node's checkpoint; returns where it is and its checksums.
+
+        `attempt=None` takes an offline attempt id (highest on storage + 1, random suffix).
+        Raises CommitConflictError if this attempt already committed this position.
+        """
+        position = Position(epoch, batch)
+        validate_name(job, kind="job")
+        validate_name(node, kind="node")
+        if attempt is not None:
+            attempt = validate_attempt(attempt)
+        if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
+            raise ValueError(f"step must be a non-negative integer, got {step!r}")
+        metadata = dict(metadata or {})
+        json.dumps(metadata, allow_nan=False)  # fail before writing anything if it cannot be stored
+        prepared = prepare_arrays(arrays)
+        if attempt is None:
+            attempt = self.next_attempt(job, node)
+        key = checkpoint_key(job, node, position, attempt)
+        if self._storage.size(f"{key}/{MANIFEST_NAME}") is not None:
+            raise CommitConflictError(f"{job}/{node} {position} attempt {attempt} is already committed at {self.url}/{key}")
+        plans = plan_shards(prepared, self.shard_size)
+        self._storage.make_prefix(key)
+        try:
+            shards, crcs = self._write_shards(key, plans, prepared)
+            # Shard entries (and the new directories) must be durable before the manifest names them.
+            self._storage.sync_directory(key, up_to=3)
+            manifest = Manifest(
+                job=job,
+                node=node,
+                epoch=position.epoch,
+                batch=position.batch,
+                attempt=attempt,
+                step=step,
+                created_at=datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
+                metadata=metadata,
+                shards=tuple(shards),
+                tensors=tuple(
+                    TensorRecord(
+                        name=name,
+                        dtype=slot.dtype,
+                        shape=slot.shape,
+                        shard=slot.shard,
+                        begin=slot.begin,
+                        end=slot.end,
+                        crc32c=format_crc(crcs[name]),
+                    )
+                    for name in prepared
+                    for slot in [self._slot(plans, name)]
+                ),
+            )
+            self._storage.publish_object(f"{key}/{MANIFEST_NAME}", manifest.to_json())
+        except BaseException:
+            self._discard_uncommitted(key)
+            raise
+        return CheckpointRef(
+            job=job,
+            node=node,
+            position=position,
+            attempt=attempt,
+            location=f"{self.url}/{key}",
+            bytes=manifest.total_bytes,
+            checksums={s.file: f"crc32c:{s.crc32c}" for s in manifest.shards},
+            manifest=manifest,
+        )
+
+    @staticmethod
+    def _slot(plans: Sequence[ShardPlan], name: str):
+        return next(slot for plan in plans for slot in plan.slots if slot.name == name)
+
+    def _write_shards(
+        self, key: str, plans: Sequence[ShardPlan], arrays: Mapping[str, np.ndarray]
+    ) -> tuple[list[ShardRecord], dict[str, int]]:
+        def write(plan: ShardPlan) -> tuple[ShardRecord, dict[str, int]]:
+            crcs: dict[str, int] = {}
+            shard_crc = 0
+
+            def chunks() -> Iterator[memoryview]:
+                nonlocal shard_crc
+                for name, chunk in iter_shard_chunks(plan, arrays):
+                    if name is not None:
+                        crcs[name] = checksum(chunk)
+                    shard_crc = checksum(chunk, shard_crc)
+                    yield chunk
+
+            self._storage.write_object(f"{key}/{shard_name(plan.index)}", chunks())
+            return ShardRecord(file=shard_name(plan.index), bytes=plan.size, crc32c=format_crc(shard_crc)), crcs
+
+        with ThreadPoolExecutor(max_workers=min(self.concurrency, len(plans))) as pool:
+            results = list(pool.map(write, plans))
+        crcs = {name: crc for _, part in results for name, crc in part.items()}
+        return [record for record, _ in results], crcs
+
+    def _discard_uncommitted(self, key: str) -> None:
+        try:
+            if self._storage.size(f"{key}/{MANIFEST_NAME}") is None:
+                self._storage.remove_prefix(key)
+        except Exception:  # best effort: leftovers are found and removed by retention later
+            log.warning("could not remove the uncommitted prefix %s/%s", self.url, key)
+
+    # -- load ----------------------------------------------------------------------------------
+
+    def load(
+        self,
+        job: str,
+        node: str,
+        epoch: int,
+        *,
+        batch: int | None = None,
+        attempt: str | int | None = None,
+        names: Sequence[str] | None = None,
+    ) -> dict[str, np.ndarray]:
+        """Read a committed checkpoint, verified; arrays are read-only views on the read buffers.
+
+        `names` reads only those tensors' byte ranges. `attempt=None` takes the newest attempt
+        that verifies (an older one only if the newest is corrupt, with a warning).
+        """
+        position = Position(epoch, batch)
+        first_error: CorruptCheckpointError | None = None
+        for attempt_id, manifest in self._committed(job, node, position, attempt):
+            key = checkpoint_key(job, node, position, attempt_id)
+            try:
+                return self._read_tensors(key, manifest, names)
+            except CorruptCheckpointError as exc:
+                if attempt is not None:
+                    raise
+                log.warning("%s; trying an older attempt", exc)
+                first_error = first_error or exc
+        if first_error is not None:
+            raise first_error
+        raise CheckpointNotFoundError(f"no committed checkpoint for {job}/{node} {position} under {self.url}")
+
+    def manifest(
+        self, job: str, node: str, epoch: int, *, batch: int | None = None, attempt: str | int | None = None
+    ) -> Manifest:
+        """The committed manifest of a checkpoint (newest committed attempt by default)."""
+        position = Position(epoch, batch)
+        for _, manifest in self._committed(job, node, position, attempt):
+            return manifest
+        raise CheckpointNotFoundError(f"no committed checkpoint for {job}/{node} {position} under {self.url}")
+
+    def _committed(
+        self, job: str, node: str, position: Position, attempt: str | int | None
+    ) -> Iterator[tuple[str, Manifest]]:
+        """Committed (attempt, manifest) pairs at a position, newest attempt first."""
+        if attempt is not None:
+            attempts = [validate_attempt(attempt)]
+            key = checkpoint_key(job, node, position, attempts[0])
+        else:
+            key = checkpoint_key(job, node, position, 1)
+            attempts = self._attempts(key.rsplit("/", 1)[0])[::-1]
+        for attempt_id in attempts:
+            path = f"{checkpoint_key(job, node, position, attempt_id)}/{MANIFEST_NAME}"
+            try:
+                data = self._storage.read_object(path)
+            except FileNotFoundError:
+                continue
+            try:
+                yield attempt_id, parse_manifest(bytes(data), expect=(job, node, position, attempt_id))
+            except ManifestError as exc:
+                log.info("%s/%s is not committed: %s", self.url, path, exc)
+
+    def _attempts(self, position_key: str) -> list[str]:
+        found = []
+        for name in self._storage.list_names(position_key):
+            try:
+                found.append(validate_attempt(name))
+            except ValueError:
+                continue
+        return sorted(found, key=attempt_sort_key)
+
+    def _read_tensors(self, key: str, manifest: Manifest, names: Sequence[str] | None) -> dict[str, np.ndarray]:
+        location = f"{self.url}/{key}"
+        if names is None:
+            files = [shard.file for shard in manifest.shards]
+            blobs = self._storage.read_objects([f"{key}/{f}" for f in files], concurrency=self.concurrency)
+            buffers = []
+            for shard in manifest.shards:
+                blob = blobs[f"{key}/{shard.file}"]
+                if isinstance(blob, Exception):
+                    raise CorruptCheckpointError(
+                        f"shard {shard.file} of {location} cannot be read: {blob}", location=location, file=shard.file
+                    )
+                problem = _shard_problem(shard, blob, manifest)
+                if problem is not None:
+                    raise CorruptCheckpointError(f"{problem.detail} in {location}", location=location, file=shard.file)
+                buffers.append(blob)
+            return {t.name: _as_array(buffers[t.shard], t, t.begin) for t in manifest.tensors}
+        wanted = []
+        for name in names:
+            record = manifest.tensor(name)
+            if record is None:
+                raise CheckpointNotFoundError(f"tensor {name!r} is not in {location}")
+            wanted.append(record)
+        files = [manifest.shards[t.shard].file for t in wanted]
+        # Empty tensors need no read (an empty range request returns the whole object on S3).
+        ranged = [i for i, t in enumerate(wanted) if t.nbytes]
+        parts: list[bytes] = [b""] * len(wanted)
+        try:
+            fetched = self._storage.read_ranges(
+                [f"{key}/{files[i]}" for i in ranged], [wanted[i].begin for i in ranged], [wanted[i].end for i in ranged]
+            )
+        except FileNotFoundError as exc:
+            raise CorruptCheckpointError(f"a shard of {location} is missing: {exc}", location=location) from exc
+        for i, part in zip(ranged, fetched):
+            parts[i] = part
+        arrays = {}
+        for record, file, part in zip(wanted, files, parts):
+            if len(part) != record.nbytes or format_crc(checksum(part)) != record.crc32c:
+                raise CorruptCheckpointError(
+                    f"tensor {record.name!r} in {file} of {location} does not match its checksum",
+                    location=location,
+                    file=file,
+                )
+            arrays[record.name] = _as_array(part, record, 0)
+        return arrays
+
+    # -- listing -------------------------------------------------------------------------------
+
+    def list_checkpoints(self, job: str, node: str) -> list[CheckpointInfo]:
+        """Every attempt prefix of a node on storage, committed or not, ordered by position and attempt."""
+        validate_name(job, kind="job")
+        validate_name(node, kind="node")
+        groups: dict[tuple[Position, str], list] = {}
+        for stored in self._storage.find(f"{job}/{node}"):
+            parts = stored.relpath.split("/")
+            if len(parts) != 3:
+                continue
+            position = parse_position_dirname(parts[0])
+            try:
+                attempt = validate_attempt(parts[1])
+            except ValueError:
+                continue
+            if position is not None:
+                groups.setdefault((position, attempt), []).append(stored)
+        manifest_paths = {
+            group: f"{checkpoint_key(job, node, group[0], group[1])}/{MANIFEST_NAME}"
+            for group, files in groups.items()
+            if any(f.relpath.endswith("/" + MANIFEST_NAME) for f in files)
+        }
+        blobs = self._storage.read_objects(list(manifest_paths.values()), concurrency=self.concurrency)
+        infos = []
+        for (position, attempt), files in groups.items():
+            manifest = None
+            blob = blobs.get(manifest_paths.get((position, attempt), ""))
+            if blob is not None and not isinstance(blob, Exception):
+                try:
+                    manifest = parse_manifest(bytes(blob), expect=(job, node, position, attempt))
+                except ManifestError:
+                    manifest = None
+            infos.append(
+                CheckpointInfo(
+                    node=node,
+                    position=position,
+                    attempt=attempt,
+                    location=f"{self.url}/{checkpoint_key(job, node, position, attempt)}",
+                    committed=manifest is not None,
+                    bytes=sum(f.size for f in files),
+                    modified=max((f.mtime for f in files if f.mtime is not None), default=None),
+                    manifest=manifest,
+                )
+            )
+        return sorted(infos, key=lambda i: (i.position, attempt_sort_key(i.attempt)))
+
+    def list_positions(self, job: str, node: str) -> list[Position]:
+        """Positions with at least one committed attempt, ascending."""
+        return sorted({info.position for info in self.list_checkpoints(job, node) if info.committed})
+
+    def list_epochs(self, job: str, node: str) -> list[int]:
+        """Epochs with a committed end-of-epoch checkpoint, ascending."""
+        return [p.epoch for p in self.list_positions(job, node) if p.is_end_of_epoch]
+
+    def latest(self, job: str, node: str) -> Position | None:
+        """The highest committed position, or None."""
+        positions = self.list_positions(job, node)
+        return positions[-1] if positions else None
+
+    def next_attempt(self, job: str, node: str) -> str:
+        """An offline attempt id: the highest attempt number on storage for this node + 1, random suffix."""
+        validate_name(job, kind="job")
+        validate_name(node, kind="node")
+        highest = 0
+        for posdir in self._storage.list_names(f"{job}/{node}"):
+            if parse_position_dirname(posdir) is not None:
+                for attempt in self._attempts(f"{job}/{node}/{posdir}"):
+                    highest = max(highest, attempt_sort_key(attempt)[0])
+        return new_offline_attempt(highest)
+
+    # -- verify and delete ---------------------------------------------------------------------
+
+    def verify(
+        self, job: str, node: str, epoch: int, *, batch: int | None = None, attempt: str | int | None = None
+    ) -> VerifyReport:
+        """Check every shard's size and checksum; reports problems, never raises for corruption.
+
+        Raises CheckpointNotFoundError only when no attempt of that position exists at all.
+        """
+        position = Position(epoch, batch)
+        position_key = checkpoint_key(job, node, position, 1).rsplit("/", 1)[0]
+        attempts = self._attempts(position_key)
+        if attempt is not None:
+            attempt = validate_attempt(attempt)
+            attempts = [a for a in attempts if a == attempt]
+        if not attempts:
+            raise CheckpointNotFoundError(f"nothing stored for {job}/{node} {position} under {self.url}")
+        committed = dict(self._committed(job, node, position, attempt))
+        chosen = next((a for a in reversed(attempts) if a in committed), attempts[-1])
+        key = checkpoint_key(job, node, position, chosen)
+        location = f"{self.url}/{key}"
+        manifest = committed.get(chosen)
+        if manifest is None:
+            problem = Problem("unreadable_manifest", MANIFEST_NAME, "no manifest that parses and verifies")
+            return VerifyReport(location, position, chosen, committed=False, problems=(problem,))
+        problems, checked = [], 0
+        for shard in manifest.shards:
+            try:
+                blob = self._storage.read_object(f"{key}/{shard.file}")
+            except FileNotFoundError:
+                problems.append(Problem("missing_shard", shard.file, f"shard {shard.file} is missing"))
+                continue
+            checked += len(blob)
+            problem = _shard_problem(shard, blob, manifest)
+            if problem is not None:
+                problems.append(problem)
+        return VerifyReport(location, position, chosen, committed=True, problems=tuple(problems), bytes_checked=checked)
+
+    def delete(
+        self, job: str, node: str, epoch: int, *, batch: int | None = None, attempt: str | int | None = None
+    ) -> list[str]:
+        """Delete one attempt (or every attempt) of a position; returns the deleted locations.
+
+        The manifest goes first, so a crash mid-delete leaves an uncommitted leftover, never a
+        committed checkpoint with missing shards.
+        """
+        position = Position(epoch, batch)
+        position_key = checkpoint_key(job, node, position, 1).rsplit("/", 1)[0]
+        attempts = self._attempts(position_key)
+        if attempt is not None:
+            attempt = validate_attempt(attempt)
+            attempts = [a for a in attempts if a == attempt]
+        if not attempts:
+            raise CheckpointNotFoundError(f"nothing stored for {job}/{node} {position} under {self.url}")
+        deleted = []
+        for attempt_id in attempts:
+            key = f"{position_key}/{attempt_id}"
+            self._storage.remove_file(f"{key}/{MANIFEST_NAME}")
+            self._storage.remove_prefix(key)
+            deleted.append(f"{self.url}/{key}")
+        self._storage.remove_empty_directory(position_key)
+        return deleted
+
+    # -- health --------------------------------------------------------------------------------
+
+    def accessible(self, *, timeout: float = 10.0) -> AccessReport:
+        """cp_accessible: write, read back and delete a probe object; never raises."""
+        relpath = f"{PROBE_DIR}/{secrets.token_hex(8)}"
+        payload = b"ckptstore probe " + secrets.token_bytes(16)
+
+        def probe() -> None:
+            self._storage.make_prefix(PROBE_DIR)
+            self._storage.publish_object(relpath, payload)
+            try:
+                if bytes(self._storage.read_object(relpath)) != payload:
+                    raise OSError("probe object read back different bytes")
+            finally:
+                self._storage.remove_file(relpath)
+
+        started = time.perf_counter()
+        pool = ThreadPoolExecutor(max_workers=1)
+        try:
+            pool.submit(probe).result(timeout=timeout)
+        except FutureTimeout:
+            return AccessReport(ok=False, latency_ms=None, error=f"storage did not answer within {timeout:g} s")
+        except Exception as exc:  # any failure means "not accessible"; the text says why
+            return AccessReport(ok=False, latency_ms=None, error=f"{type(exc).__name__}: {exc}")
+        finally:
+            pool.shutdown(wait=False)
+        return AccessReport(ok=True, latency_ms=round((time.perf_counter() - started) * 1000, 3))
+
+
+def _shard_problem(shard: ShardRecord, blob: Buffer, manifest: Manifest) -> Problem | None:
+    """The first problem with a whole shard's bytes, naming the damaged tensors if any."""
+    if len(blob) < shard.bytes:
+        return Problem("short_shard", shard.file, f"shard {shard.file} has {len(blob)} of {shard.bytes} bytes")
+    if len(blob) > shard.bytes:
+        return Problem("size_mismatch", shard.file, f"shard {shard.file} has {len(blob)} bytes, expected {shard.bytes}")
+    if format_crc(checksum(blob)) == shard.crc32c:
+        return None
+    view = memoryview(blob).cast("B")
+    damaged = [
+        t.name
+        for t in manifest.tensors
+        if manifest.shards[t.shard] is shard and format_crc(checksum(view[t.begin : t.end])) != t.crc32c
+    ]
+    where = f"tensors {damaged[:5]}" if damaged else "its header"
+    return Problem("checksum_mismatch", shard.file, f"shard {shard.file} does not match its checksum ({where})")
+
+
+def _as_array(buffer: Buffer, record: TensorRecord, offset: int) -> np.ndarray:
+    dtype = numpy_dtype(record.dtype)
+    count = record.nbytes // dtype.itemsize
+    array = np.frombuffer(buffer, dtype=np.uint8, count=record.nbytes, offset=offset).view(dtype)
+    array = array[:count].reshape(record.shape)
+    array.flags.writeable = False
+    return array

@@ -1,0 +1,1 @@
+"""ckptstore metadata service (FastAPI + SQLAlchemy): see DESIGN.md "Service API"."""

@@ -22,6 +22,7 @@ __all__ = [
     "is_shard_name",
     "position_dirname",
     "parse_position_dirname",
+    "position_key",
     "checkpoint_key",
     "checkpoint_location",
     "normalize_root",
@@ -65,16 +66,14 @@ def normalize_root(root: str) -> str:
     return stripped
 
 
+def position_key(job: str, node: str, position: Position) -> str:
+    """The prefix holding every attempt of one node's position, relative to the storage root."""
+    return f"{validate_name(job, kind='job')}/{validate_name(node, kind='node')}/{position_dirname(position)}"
+
+
 def checkpoint_key(job: str, node: str, position: Position, attempt: str | int) -> str:
     """The checkpoint's prefix relative to the storage root, from validated parts."""
-    return "/".join(
-        (
-            validate_name(job, kind="job"),
-            validate_name(node, kind="node"),
-            position_dirname(position),
-            validate_attempt(attempt),
-        )
-    )
+    return f"{position_key(job, node, position)}/{validate_attempt(attempt)}"
 
 
 def checkpoint_location(root: str, job: str, node: str, position: Position, attempt: str | int) -> str:

@@ -70,7 +70,6 @@ class Manifest(_Strict):
     metadata: dict[str, Any] = Field(default_factory=dict)
     shards: tuple[ShardRecord, ...]
     tensors: tuple[TensorRecord, ...]
-    manifest_crc32c: str = ""
 
     @property
     def position(self) -> Position:
@@ -85,7 +84,7 @@ class Manifest(_Strict):
 
     def to_json(self) -> bytes:
         """Serialise with the self-checksum that `parse_manifest` requires."""
-        body = self.model_dump(mode="json", exclude={"manifest_crc32c"})
+        body = self.model_dump(mode="json")
         body["manifest_crc32c"] = format_crc(checksum(_canonical(body)))
         return json.dumps(body, indent=1).encode()
 
@@ -133,7 +132,8 @@ def parse_manifest(data: bytes, *, expect: tuple[str, str, Position, str] | None
     if stated != format_crc(checksum(_canonical(body))):
         raise ManifestError("manifest self-checksum does not match its content")
     try:
-        manifest = Manifest.model_validate_json(data)
+        # Strict JSON-mode validation (tuples from lists, no bool-as-int) of the body without its checksum.
+        manifest = Manifest.model_validate_json(json.dumps(body))
     except ValidationError as exc:
         raise ManifestError(f"manifest does not match the format: {exc.errors()[0]['msg']}") from None
     _check_consistency(manifest)

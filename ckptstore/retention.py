@@ -1,8 +1,9 @@
 """Retention as a pure function: which checkpoints may be deleted now.
 
 Invariant: never the last good epoch, the resume position or anything newer; decisions are made
-per position, so a position still needed keeps every node's part. Superseded attempts and
-uncommitted leftovers go only once older than the grace period (a writer may still be at work).
+per position, so a position still needed keeps every node's part. Uncommitted leftovers go only once older
+than the grace period (a writer may still be at work); superseded attempts only once the attempt
+that superseded them is that old (until then they are the fallback if it proves corrupt).
 The service applies this with its knowledge of good positions; the client and CLI execute it.
 """
 
@@ -114,25 +115,23 @@ def plan_deletions(
         for c in candidates
         if policy.prunes and boundary is not None and c.position < boundary and c.position not in kept
     }
-    newest_committed: dict[tuple[str, Position], tuple[int, str]] = {}
+    newest: dict[tuple[str, Position], Candidate] = {}
     for c in candidates:
-        if c.committed:
-            key = (c.node, c.position)
-            newest_committed[key] = max(newest_committed.get(key, (0, "")), attempt_sort_key(c.attempt))
+        key = (c.node, c.position)
+        if c.committed and (key not in newest or attempt_sort_key(c.attempt) > attempt_sort_key(newest[key].attempt)):
+            newest[key] = c
 
     def old_enough(c: Candidate) -> bool:
         return c.modified is not None and now - c.modified >= policy.grace_seconds
 
     deletions = []
     for c in candidates:
+        superseding = newest.get((c.node, c.position))
         if c.position in droppable:
             deletions.append(Deletion(c.node, c.position, c.attempt, "retention"))
         elif not c.committed and old_enough(c):
             deletions.append(Deletion(c.node, c.position, c.attempt, "uncommitted"))
-        elif (
-            c.committed
-            and attempt_sort_key(c.attempt) < newest_committed[(c.node, c.position)]
-            and old_enough(c)
-        ):
+        # An older attempt stays a fallback until the newer one has been committed for the grace period.
+        elif c.committed and superseding is not c and old_enough(superseding):
             deletions.append(Deletion(c.node, c.position, c.attempt, "superseded"))
     return sorted(deletions, key=lambda d: (d.position, d.node, attempt_sort_key(d.attempt)))

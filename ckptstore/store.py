@@ -27,6 +27,7 @@ from ckptstore.layout import (
     checkpoint_key,
     normalize_root,
     parse_position_dirname,
+    position_key,
     shard_name,
 )
 from ckptstore.manifest import Manifest, ManifestError, ShardRecord, TensorRecord, parse_manifest
@@ -234,10 +235,8 @@ class Store:
         """Committed (attempt, manifest) pairs at a position, newest attempt first."""
         if attempt is not None:
             attempts = [validate_attempt(attempt)]
-            key = checkpoint_key(job, node, position, attempts[0])
         else:
-            key = checkpoint_key(job, node, position, 1)
-            attempts = self._attempts(key.rsplit("/", 1)[0])[::-1]
+            attempts = self._attempts(position_key(job, node, position))[::-1]
         for attempt_id in attempts:
             path = f"{checkpoint_key(job, node, position, attempt_id)}/{MANIFEST_NAME}"
             try:
@@ -248,6 +247,17 @@ class Store:
                 yield attempt_id, parse_manifest(bytes(data), expect=(job, node, position, attempt_id))
             except ManifestError as exc:
                 log.info("%s/%s is not committed: %s", self.url, path, exc)
+
+    def _stored_attempts(
+        self, job: str, node: str, position: Position, attempt: str | int | None
+    ) -> tuple[str, list[str]]:
+        """The position's key and its attempt prefixes on storage (just `attempt` if given), oldest first."""
+        wanted = None if attempt is None else validate_attempt(attempt)
+        prefix = position_key(job, node, position)
+        attempts = [a for a in self._attempts(prefix) if wanted in (None, a)]
+        if not attempts:
+            raise CheckpointNotFoundError(f"nothing stored for {job}/{node} {position} under {self.url}")
+        return prefix, attempts
 
     def _attempts(self, position_key: str) -> list[str]:
         found = []
@@ -385,13 +395,7 @@ class Store:
         Raises CheckpointNotFoundError only when no attempt of that position exists at all.
         """
         position = Position(epoch, batch)
-        position_key = checkpoint_key(job, node, position, 1).rsplit("/", 1)[0]
-        attempts = self._attempts(position_key)
-        if attempt is not None:
-            attempt = validate_attempt(attempt)
-            attempts = [a for a in attempts if a == attempt]
-        if not attempts:
-            raise CheckpointNotFoundError(f"nothing stored for {job}/{node} {position} under {self.url}")
+        _, attempts = self._stored_attempts(job, node, position, attempt)
         committed = dict(self._committed(job, node, position, attempt))
         chosen = next((a for a in reversed(attempts) if a in committed), attempts[-1])
         key = checkpoint_key(job, node, position, chosen)
@@ -422,20 +426,14 @@ class Store:
         committed checkpoint with missing shards.
         """
         position = Position(epoch, batch)
-        position_key = checkpoint_key(job, node, position, 1).rsplit("/", 1)[0]
-        attempts = self._attempts(position_key)
-        if attempt is not None:
-            attempt = validate_attempt(attempt)
-            attempts = [a for a in attempts if a == attempt]
-        if not attempts:
-            raise CheckpointNotFoundError(f"nothing stored for {job}/{node} {position} under {self.url}")
+        prefix, attempts = self._stored_attempts(job, node, position, attempt)
         deleted = []
         for attempt_id in attempts:
-            key = f"{position_key}/{attempt_id}"
+            key = f"{prefix}/{attempt_id}"
             self._storage.remove_file(f"{key}/{MANIFEST_NAME}")
             self._storage.remove_prefix(key)
             deleted.append(f"{self.url}/{key}")
-        self._storage.remove_empty_directory(position_key)
+        self._storage.remove_empty_directory(prefix)
         return deleted
 
     # -- health --------------------------------------------------------------------------------

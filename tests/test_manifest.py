@@ -1,0 +1,101 @@
+"""The manifest parser accepts only committed, self-consistent manifests written for their path."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ckptstore import Position, Store
+from ckptstore.manifest import ManifestError, parse_manifest
+from ckptstore.shard import checksum, format_crc
+
+
+def resealed(body: dict) -> bytes:
+    """Re-sign an edited manifest body, as a hostile writer could."""
+    body = {k: v for k, v in body.items() if k != "manifest_crc32c"}
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    body["manifest_crc32c"] = format_crc(checksum(canonical))
+    return json.dumps(body).encode()
+
+
+@pytest.fixture
+def saved(tmp_path):
+    store = Store(str(tmp_path))
+    ref = store.save("job", "n", 0, {"a": np.arange(10, dtype=np.float32), "b": np.ones(3)}, attempt=1)
+    return store, ref, json.loads(ref.manifest.to_json())
+
+
+def edit_tensor(body, **changes):
+    body["tensors"][0].update(changes)
+    return body
+
+
+HOSTILE = {
+    "end past the shard": lambda b: edit_tensor(b, end=b["shards"][0]["bytes"] + 8),
+    "begin after end": lambda b: edit_tensor(b, begin=b["tensors"][0]["end"] + 4),
+    "huge shape": lambda b: edit_tensor(b, shape=[2**40, 2**40]),
+    "negative dim": lambda b: edit_tensor(b, shape=[-1, -40]),
+    "unknown dtype": lambda b: edit_tensor(b, dtype="F8"),
+    "shard out of range": lambda b: edit_tensor(b, shard=5),
+    "traversal shard file": lambda b: {**b, "shards": [{**b["shards"][0], "file": "../../../etc/passwd"}]},
+    "absolute shard file": lambda b: {**b, "shards": [{**b["shards"][0], "file": "/etc/passwd"}]},
+    "duplicate tensor": lambda b: {**b, "tensors": [b["tensors"][0], b["tensors"][0]]},
+    "other job": lambda b: {**b, "job": "other"},
+    "other attempt": lambda b: {**b, "attempt": "2"},
+    "other position": lambda b: {**b, "batch": 3},
+    "bool as epoch": lambda b: {**b, "epoch": True},
+    "string epoch": lambda b: {**b, "epoch": "0"},
+    "unknown field": lambda b: {**b, "extra": 1},
+    "future format": lambda b: {**b, "format_version": 2},
+    "traversal job": lambda b: {**b, "job": "../x"},
+}
+
+
+@pytest.mark.parametrize("name", HOSTILE)
+def test_hostile_manifests_are_not_committed(saved, name):
+    store, ref, body = saved
+    data = resealed(HOSTILE[name](body))
+    with pytest.raises(ManifestError):
+        parse_manifest(data, expect=("job", "n", Position(0), "1"))
+    store._storage.fs.pipe_file(store._storage.path("job/n/0000000000/1/MANIFEST.json"), data)
+    assert store.list_positions("job", "n") == []
+
+
+def test_the_real_manifest_parses(saved):
+    _, ref, body = saved
+    assert parse_manifest(resealed(body), expect=("job", "n", Position(0), "1")) == ref.manifest
+
+
+def test_oversized_manifest_is_refused_without_parsing():
+    with pytest.raises(ManifestError, match="limit"):
+        parse_manifest(b" " * (64 << 20) + b"{}")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=2048))
+def test_random_bytes_never_parse_and_never_crash_otherwise(data):
+    with pytest.raises(ManifestError):
+        parse_manifest(data)
+
+
+@pytest.fixture(scope="module")
+def real_manifest(tmp_path_factory) -> dict:
+    store = Store(str(tmp_path_factory.mktemp("fuzz")))
+    return json.loads(store.save("job", "n", 0, {"a": np.arange(4)}, attempt=1).manifest.to_json())
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_mutated_real_manifests_are_refused_or_identical(real_manifest, data):
+    body = json.loads(json.dumps(real_manifest))
+    path = data.draw(st.sampled_from(["epoch", "batch", "step", "attempt", "job"]))
+    body[path] = data.draw(st.one_of(st.integers(-5, 10**11), st.text(max_size=5), st.none(), st.booleans()))
+    try:
+        manifest = parse_manifest(resealed(body), expect=("job", "n", Position(0), "1"))
+    except ManifestError:
+        return
+    assert (manifest.job, manifest.epoch, manifest.batch, manifest.attempt) == ("job", 0, None, "1")

@@ -197,38 +197,50 @@ def interleave(methods, size: int, reps: int, new_dir: Callable[[], str], remove
     return rows
 
 
+def _saving_child(root: str, arrays: dict[str, np.ndarray], epoch: int) -> int:
+    pid = os.fork()
+    if pid == 0:
+        try:
+            Store(root, shard_size=1 << 20).save("kills", "n", epoch, arrays, attempt=1)
+        finally:
+            os._exit(0)
+    return pid
+
+
 def random_kills(trials: int) -> dict:
-    """SIGKILL a saving child at a random instant; the listing must never show a partial checkpoint."""
+    """SIGKILL a saving child at a random instant; the listing must never show a partial checkpoint.
+
+    The kill instant is uniform over 1.3 × the measured lifetime of an unkilled child (fork, save,
+    commit, exit), so kills land in every phase, the commit included.
+    """
     root = tempfile.mkdtemp(prefix="ckptstore-kills-")
     arrays = model_like(8 << 20)
-    probe = time.perf_counter()
-    Store(root).save("probe", "n", 0, arrays, attempt=1)
-    save_time = time.perf_counter() - probe
+    lifetimes = []
+    for epoch in range(10**6, 10**6 + 7):
+        started = time.perf_counter()
+        os.waitpid(_saving_child(root, arrays, epoch), 0)
+        lifetimes.append(time.perf_counter() - started)
+    lifetime = statistics.median(lifetimes)
     reader = Store(root)
-    outcome = {"trials": trials, "committed": 0, "not_committed": 0, "partial_or_corrupt": 0}
+    outcome = {"trials": trials, "committed_intact": 0, "not_committed": 0, "partial_or_corrupt": 0,
+               "child_lifetime_s": lifetime}
     for trial in range(trials):
-        pid = os.fork()
-        if pid == 0:
-            try:
-                Store(root, shard_size=1 << 20).save("kills", "n", trial, arrays, attempt=1)
-            finally:
-                os._exit(0)
-        time.sleep(random.uniform(0, save_time * 1.2))
+        pid = _saving_child(root, arrays, trial)
+        time.sleep(random.uniform(0, lifetime * 1.3))
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
         if trial in [p.epoch for p in reader.list_positions("kills", "n")]:
             try:
                 got = reader.load("kills", "n", trial)
-                good = all(got[k].tobytes() == arrays[k].tobytes() for k in arrays)
+                intact = all(got[k].tobytes() == arrays[k].tobytes() for k in arrays)
             except Exception:
-                good = False
-            outcome["committed" if good else "partial_or_corrupt"] += 1
+                intact = False
+            outcome["committed_intact" if intact else "partial_or_corrupt"] += 1
         else:
             outcome["not_committed"] += 1
         if trial % 50 == 49:
             shutil.rmtree(os.path.join(root, "kills"), ignore_errors=True)
     shutil.rmtree(root, ignore_errors=True)
-    outcome["save_time_s"] = save_time
     return outcome
 
 

@@ -37,7 +37,7 @@ def _fully_decoded(value: str) -> str:
     return value
 
 
-def validate_name(value: object, *, kind: str = "name") -> str:
+def validate_name(value: object, *, kind: str = "job or node") -> str:
     """Return `value` if it is a valid job or node name, else raise InvalidNameError.
 
     `kind` ("job", "node") only shapes the message.

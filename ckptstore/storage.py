@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import secrets
 from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -23,6 +24,8 @@ from fsspec.implementations.local import LocalFileSystem
 from ckptstore.layout import MANIFEST_TEMP_PREFIX
 
 __all__ = ["Storage", "StoredFile", "open_storage"]
+
+_READ_CHUNK = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -124,11 +127,14 @@ class Storage:
             return self.fs.cat_file(path)
         with open(path, "rb", buffering=0) as handle:
             size = os.fstat(handle.fileno()).st_size
+            if hasattr(os, "posix_fadvise"):
+                os.posix_fadvise(handle.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
             buffer = np.empty(size, dtype=np.uint8)
             view = memoryview(buffer)
             filled = 0
+            # Moderate chunks keep readahead streaming; one huge read measured ~40 % slower cold.
             while filled < size:
-                got = handle.readinto(view[filled:])
+                got = handle.readinto(view[filled : filled + _READ_CHUNK])
                 if not got:
                     break
                 filled += got
@@ -137,13 +143,15 @@ class Storage:
     def read_objects(self, relpaths: Sequence[str], *, concurrency: int) -> dict[str, bytes | np.ndarray | Exception]:
         """Several whole objects, fetched concurrently on object stores; failures come back as exceptions."""
         if self.is_local or len(relpaths) <= 1:
-            results: dict[str, bytes | np.ndarray | Exception] = {}
-            for relpath in relpaths:
+
+            def read(relpath: str) -> bytes | np.ndarray | Exception:
                 try:
-                    results[relpath] = self.read_object(relpath)
+                    return self.read_object(relpath)
                 except OSError as exc:
-                    results[relpath] = exc
-            return results
+                    return exc
+
+            with ThreadPoolExecutor(max_workers=max(1, min(concurrency, len(relpaths)))) as pool:
+                return dict(zip(relpaths, pool.map(read, relpaths)))
         paths = [self.path(r) for r in relpaths]
         fetched = self.fs.cat(paths, on_error="return", batch_size=concurrency)
         by_path = {self.fs._strip_protocol(p): v for p, v in fetched.items()}

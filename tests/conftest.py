@@ -46,3 +46,60 @@ def backend(request: pytest.FixtureRequest, tmp_path) -> Backend:
         return Backend("s3", f"s3://{server.bucket}/{prefix}", dict(server.options))
     server = request.getfixturevalue("gcs_emulator")
     return Backend("gcs", f"gs://{server.bucket}/{prefix}", dict(server.options))
+
+
+# -- the metadata service, on SQLite and on PostgreSQL ------------------------------------------
+
+
+@dataclass
+class Service:
+    """A live service plus what tests need to know about it."""
+
+    name: str
+    live: Any
+    storage: str
+
+    def client(self, **kwargs):
+        return self.live.client(**kwargs)
+
+
+def _service_settings(tmp: str, db_url: str, **overrides) -> Any:
+    from server.settings import Settings
+
+    storage = f"{tmp}/storage"
+    return Settings(db_url=db_url, storage=storage, storage_roots=f"{storage},s3://ckpt,memory://ckpt", **overrides)
+
+
+@pytest.fixture(scope="session")
+def sqlite_service(tmp_path_factory) -> Iterator[Service]:
+    from tests.live import LiveService
+
+    tmp = str(tmp_path_factory.mktemp("sqlite-service"))
+    live = LiveService(_service_settings(tmp, f"sqlite:///{tmp}/service.db"))
+    yield Service("sqlite", live, f"{tmp}/storage")
+    live.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres_service(tmp_path_factory) -> Iterator[Service]:
+    from tests.live import LiveService, ScratchPostgres, postgres_available
+
+    if not postgres_available():
+        pytest.fail("PostgreSQL is not reachable on 127.0.0.1:5432 and could not be started")
+    database = ScratchPostgres()
+    tmp = str(tmp_path_factory.mktemp("pg-service"))
+    live = LiveService(_service_settings(tmp, database.url))
+    yield Service("postgres", live, f"{tmp}/storage")
+    live.stop()
+    database.drop()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def service(request) -> Service:
+    """Each service test runs against SQLite and PostgreSQL."""
+    return request.getfixturevalue(f"{request.param}_service")
+
+
+@pytest.fixture
+def job_name() -> str:
+    return f"job-{uuid.uuid4().hex[:12]}"

@@ -1,0 +1,104 @@
+"""`create_app(settings)`: the FastAPI application, its resources and its error mapping.
+
+The database engine is created in the lifespan (never at import time) and schema migrations are
+not run here: `server.migrate` runs them once before workers start.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from sqlalchemy.exc import IntegrityError, OperationalError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.trustedhost import TrustedHostMiddleware
+
+from server.db import Database, make_engine
+from server.errors import STATUS_CODES, ApiError
+from server.metrics import METRICS
+from server.middleware import BodyLimit, RequestMetrics, TokenAuth
+from server.routes import ROUTERS
+from server.settings import Settings
+
+__all__ = ["create_app", "app_factory"]
+
+log = logging.getLogger("ckptstore.server")
+
+
+def _error(status: int, code: str, detail: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    METRICS.refused.labels(code).inc()
+    return JSONResponse({"error": code, "detail": detail}, status_code=status, headers=headers)
+
+
+def _validation_detail(exc: RequestValidationError) -> str:
+    parts = []
+    for error in exc.errors()[:5]:
+        where = ".".join(str(p) for p in error.get("loc", ()) if p != "body")
+        parts.append(f"{where}: {error.get('msg', 'invalid')}" if where else str(error.get("msg", "invalid")))
+    return "; ".join(parts) or "invalid request"
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def api_error(_: Request, exc: ApiError) -> JSONResponse:
+        return _error(exc.status, exc.code, exc.detail, exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return _error(422, "invalid", _validation_detail(exc))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = STATUS_CODES.get(exc.status_code, "invalid")
+        return _error(exc.status_code, code, str(exc.detail), getattr(exc, "headers", None))
+
+    @app.exception_handler(IntegrityError)
+    async def integrity(_: Request, exc: IntegrityError) -> JSONResponse:
+        log.warning("integrity error answered 409: %s", type(exc.orig).__name__)
+        return _error(409, "conflict", "a concurrent request changed the same record; retry")
+
+    @app.exception_handler(OperationalError)
+    async def database_unavailable(_: Request, exc: OperationalError) -> JSONResponse:
+        METRICS.db_errors.inc()
+        log.error("database error answered 503: %s", type(exc.orig).__name__)
+        return _error(503, "unavailable", "the database is unavailable; retry", {"Retry-After": "1"})
+
+    @app.exception_handler(Exception)
+    async def unexpected(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unexpected error")
+        return _error(500, "unavailable", "internal error")
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """Build the service for `settings` (default: from the environment)."""
+    settings = settings or Settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.db = Database(make_engine(settings.database_url))
+        try:
+            yield
+        finally:
+            app.state.db.dispose()
+
+    app = FastAPI(title="ckptstore", version="0.1.0", lifespan=lifespan,
+                  description="Per-job, per-node checkpoint records, last good epoch, storage health and stats.")
+    app.state.settings = settings
+    for router in ROUTERS:
+        app.include_router(router)
+    _install_error_handlers(app)
+    token = settings.token.get_secret_value() if settings.token else None
+    app.add_middleware(TokenAuth, token=token)
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    app.add_middleware(TrustedHostMiddleware, allowed_hosts=settings.trusted_host_list)
+    app.add_middleware(RequestMetrics)
+    return app
+
+
+def app_factory() -> FastAPI:
+    """For `uvicorn --factory server.app:app_factory`: settings from the environment."""
+    return create_app()

@@ -1,0 +1,44 @@
+"""FastAPI dependencies: the database, the settings and validated path names, as Annotated aliases."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Path, Request
+
+from ckptstore.errors import InvalidNameError
+from ckptstore.names import validate_name
+from server.db import Database
+from server.errors import ApiError
+from server.settings import Settings
+
+__all__ = ["DbDep", "SettingsDep", "JobName", "NodeName"]
+
+
+def _db(request: Request) -> Database:
+    return request.app.state.db
+
+
+def _settings(request: Request) -> Settings:
+    return request.app.state.settings
+
+
+def _name(value: str, kind: str) -> str:
+    try:
+        return validate_name(value, kind=kind)
+    except InvalidNameError as exc:
+        raise ApiError.invalid(str(exc)) from None
+
+
+def _job_name(job: Annotated[str, Path(description="job name")]) -> str:
+    return _name(job, "job")
+
+
+def _node_name(node: Annotated[str, Path(description="node name")]) -> str:
+    return _name(node, "node")
+
+
+DbDep = Annotated[Database, Depends(_db)]
+SettingsDep = Annotated[Settings, Depends(_settings)]
+JobName = Annotated[str, Depends(_job_name)]
+NodeName = Annotated[str, Depends(_node_name)]

@@ -1,0 +1,29 @@
+"""API errors: every failure leaves the service as JSON `{"error": code, "detail": text}`."""
+
+from __future__ import annotations
+
+__all__ = ["ApiError", "STATUS_CODES"]
+
+STATUS_CODES = {
+    400: "invalid", 401: "unauthorized", 403: "forbidden", 404: "not_found", 405: "invalid", 409: "conflict",
+    413: "too_large", 415: "invalid", 422: "invalid", 503: "unavailable",
+}
+
+
+class ApiError(Exception):
+    """A refusal with an HTTP status, one of DESIGN.md's error codes, and a human-readable detail."""
+
+    def __init__(self, status: int, code: str, detail: str, *, headers: dict[str, str] | None = None):
+        super().__init__(detail)
+        self.status = status
+        self.code = code
+        self.detail = detail
+        self.headers = headers
+
+    @classmethod
+    def not_found(cls, detail: str) -> ApiError:
+        return cls(404, "not_found", detail)
+
+    @classmethod
+    def invalid(cls, detail: str) -> ApiError:
+        return cls(422, "invalid", detail)

@@ -1,0 +1,59 @@
+"""Checkpoints: record commits, list and mark records, and answer "what is the last good epoch?"."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Response
+
+from ckptstore.position import POSITION_LIMIT
+from ckptstore.schema import CheckpointRecord, CheckpointState, CommitRequest, LastGood, MarkRequest
+from server import records
+from server.deps import DbDep, JobName, NodeName
+from server.metrics import METRICS
+
+router = APIRouter(prefix="/v1/jobs/{job}", tags=["checkpoints"])
+
+
+@router.post("/nodes/{node}/checkpoints", status_code=201, response_model=CheckpointRecord,
+             responses={200: {"model": CheckpointRecord, "description": "identical commit already recorded"}})
+def commit(job: JobName, node: NodeName, body: CommitRequest, db: DbDep, response: Response) -> CheckpointRecord:
+    """Record a committed checkpoint. Identical re-posts answer 200; other content 409 conflict; an
+    attempt older than the node's newest 409 fenced; a location not built from the key parts 422."""
+    with db.write() as session:
+        record, created = records.commit_checkpoint(session, records.lock_job(session, job), node, body)
+    response.status_code = 201 if created else 200
+    METRICS.commits.labels("created" if created else "repeated").inc()
+    return record
+
+
+@router.get("/checkpoints", response_model=list[CheckpointRecord])
+def list_checkpoints(
+    job: JobName,
+    db: DbDep,
+    node: str | None = None,
+    epoch: Annotated[int | None, Query(ge=0, lt=POSITION_LIMIT)] = None,
+    state: CheckpointState | None = None,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+    offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
+) -> list[CheckpointRecord]:
+    with db.read() as session:
+        return records.list_checkpoints(session, records.find_job(session, job), node=node, epoch=epoch, state=state,
+                                        limit=limit, offset=offset)
+
+
+@router.post("/nodes/{node}/checkpoints/mark", response_model=list[CheckpointRecord])
+def mark(job: JobName, node: NodeName, body: MarkRequest, db: DbDep) -> list[CheckpointRecord]:
+    """Mark a node's checkpoint corrupt or deleted; its position stops counting as good."""
+    with db.write() as session:
+        return records.mark_checkpoint(session, records.lock_job(session, job), node, body)
+
+
+@router.get("/last-good-epoch", response_model=LastGood)
+def last_good_epoch(
+    job: JobName, db: DbDep, max_epoch: Annotated[int | None, Query(ge=0, lt=POSITION_LIMIT)] = None
+) -> LastGood:
+    """The last good epoch, the resume position, each node's part of it, and why newer positions are not good."""
+    METRICS.last_good_queries.inc()
+    with db.read() as session:
+        return records.last_good(session, records.find_job(session, job), max_epoch=max_epoch)

@@ -1,0 +1,20 @@
+"""The retention plan: what the job's policy allows deleting now (clients and the CLI execute it)."""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import APIRouter
+
+from ckptstore.schema import GcPlan
+from server import records
+from server.deps import DbDep, JobName
+
+router = APIRouter(prefix="/v1/jobs/{job}", tags=["retention"])
+
+
+@router.get("/gc-plan", response_model=GcPlan)
+def gc_plan(job: JobName, db: DbDep) -> GcPlan:
+    """Never the last good epoch, the resume position or anything newer; whole positions across nodes."""
+    with db.read() as session:
+        return records.gc_plan(session, records.find_job(session, job), now=time.time())

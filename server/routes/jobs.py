@@ -1,0 +1,47 @@
+"""Jobs: declare (storage root, expected nodes, retention), describe, list and forget."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Response
+from sqlalchemy import select
+
+from ckptstore.schema import JobInfo, JobSpec
+from server import records
+from server.deps import DbDep, JobName, SettingsDep
+from server.models import Job
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+
+
+@router.put("/{job}", response_model=JobInfo, responses={201: {"model": JobInfo}})
+def put_job(job: JobName, spec: JobSpec, db: DbDep, settings: SettingsDep, response: Response) -> JobInfo:
+    """Declare a job or update it; a new node set applies to positions first written after the change."""
+    with db.write() as session:
+        row, created = records.put_job(session, job, spec, default_root=settings.default_storage,
+                                       allowed_roots=settings.allowed_roots)
+        response.status_code = 201 if created else 200
+        return records.job_info(session, row)
+
+
+@router.get("", response_model=list[JobInfo])
+def list_jobs(db: DbDep, limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+              offset: Annotated[int, Query(ge=0, le=10**9)] = 0) -> list[JobInfo]:
+    with db.read() as session:
+        rows = session.scalars(select(Job).order_by(Job.name).limit(limit).offset(offset))
+        return [records.job_info(session, row) for row in rows]
+
+
+@router.get("/{job}", response_model=JobInfo)
+def get_job(job: JobName, db: DbDep) -> JobInfo:
+    with db.read() as session:
+        return records.job_info(session, records.find_job(session, job))
+
+
+@router.delete("/{job}", status_code=204)
+def delete_job(job: JobName, db: DbDep) -> Response:
+    """Forget a job's records (its checkpoints on storage stay; `ckptstore reindex` can bring them back)."""
+    with db.write() as session:
+        records.delete_job(session, records.lock_job(session, job))
+    return Response(status_code=204)

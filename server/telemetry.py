@@ -1,0 +1,63 @@
+"""Health (cp_accessible reports and probes) and save/load timing stats of a job's nodes."""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from ckptstore.schema import HealthReport, NodeHealth, StatsReport, StatsRow, StatsSummary
+from server.models import Health, Job, Stat
+
+__all__ = ["report_health", "job_health", "add_stat", "stats_summary"]
+
+
+def _node_health(node: str, row: Health | None, stale_after: float, now: float) -> NodeHealth:
+    if row is None:
+        return NodeHealth(node=node, cp_accessible=None, latency_ms=None, error=None, reported_at=None, stale=True)
+    return NodeHealth(node=node, cp_accessible=row.cp_accessible, latency_ms=row.latency_ms, error=row.error,
+                      reported_at=row.reported_at, stale=now - row.reported_at > stale_after)
+
+
+def report_health(session: Session, job: Job, node: str, body: HealthReport, *, stale_after: float) -> NodeHealth:
+    now = time.time()
+    row = session.get(Health, (job.id, node))
+    if row is None:
+        row = Health(job_id=job.id, node=node)
+        session.add(row)
+    row.cp_accessible, row.latency_ms, row.error, row.reported_at = body.cp_accessible, body.latency_ms, body.error, now
+    return _node_health(node, row, stale_after, now)
+
+
+def job_health(session: Session, job: Job, nodes: list[str], *, stale_after: float) -> list[NodeHealth]:
+    """Every expected node's last report (stale when older than `stale_after`, or never sent)."""
+    now = time.time()
+    rows = {r.node: r for r in session.scalars(select(Health).where(Health.job_id == job.id))}
+    return [_node_health(node, rows.get(node), stale_after, now) for node in sorted(set(nodes) | set(rows))]
+
+
+def add_stat(session: Session, job: Job, body: StatsReport) -> None:
+    session.add(Stat(job_id=job.id, node=body.node, action=body.action, seconds=body.seconds, bytes=body.bytes,
+                     created_at=time.time()))
+
+
+def _percentile(ordered: list[float], fraction: float) -> float:
+    return ordered[min(len(ordered) - 1, int(round(fraction * (len(ordered) - 1))))]
+
+
+def stats_summary(session: Session, job: Job) -> StatsSummary:
+    """Count, mean, p50, p95 and max seconds (and total bytes) per action and node."""
+    groups: dict[tuple[str, str], list[tuple[float, int]]] = defaultdict(list)
+    for action, node, seconds, size in session.execute(
+        select(Stat.action, Stat.node, Stat.seconds, Stat.bytes).where(Stat.job_id == job.id)
+    ):
+        groups[(action, node)].append((seconds, size or 0))
+    rows = []
+    for (action, node), samples in sorted(groups.items()):
+        ordered = sorted(s for s, _ in samples)
+        rows.append(StatsRow(action=action, node=node, count=len(ordered), mean=sum(ordered) / len(ordered),
+                             p50=_percentile(ordered, 0.5), p95=_percentile(ordered, 0.95), max=ordered[-1],
+                             bytes=sum(b for _, b in samples)))
+    return StatsSummary(job=job.name, rows=rows)

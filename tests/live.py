@@ -1,0 +1,91 @@
+"""A real uvicorn serving `create_app(settings)` on 127.0.0.1 in a background thread (httpx's pattern)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import threading
+import time
+import uuid
+
+import httpx
+import uvicorn
+
+from server.app import create_app
+from server.migrate import migrate
+from server.settings import Settings
+from tests.servers import free_port
+
+PG_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+
+
+def wait_for(condition, *, timeout: float = 20.0, interval: float = 0.02, what: str = "condition"):
+    """Poll until `condition()` is truthy; fail after `timeout` seconds (no sleeping as synchronisation)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = condition()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} not reached within {timeout} s")
+        time.sleep(interval)
+
+
+class LiveService:
+    """The service on a free loopback port; `.client()` gives an httpx client bound to it."""
+
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        migrate(settings.database_url)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(create_app(settings), host="127.0.0.1", port=self.port, log_level="warning",
+                                lifespan="on")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        wait_for(lambda: self.server.started, what="uvicorn start")
+
+    def client(self, **kwargs) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=30, **kwargs)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
+def postgres_available() -> bool:
+    """Start the machine's PostgreSQL cluster if it is installed but stopped (FACTS.md)."""
+    if subprocess.run(["pg_isready", "-h", "127.0.0.1", "-p", "5432"], capture_output=True).returncode == 0:
+        return True
+    if shutil.which("pg_ctlcluster") is None:
+        return False
+    versions = subprocess.run(["ls", "/etc/postgresql"], capture_output=True, text=True).stdout.split()
+    for version in versions:
+        subprocess.run(["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "start"], capture_output=True)
+    try:
+        wait_for(lambda: subprocess.run(["pg_isready", "-h", "127.0.0.1"], capture_output=True).returncode == 0,
+                 timeout=30, interval=0.2, what="PostgreSQL")
+    except TimeoutError:
+        return False
+    return True
+
+
+class ScratchPostgres:
+    """A fresh PostgreSQL database for one test session, dropped afterwards."""
+
+    def __init__(self) -> None:
+        from sqlalchemy import create_engine, text
+
+        self.name = f"ckptstore_test_{uuid.uuid4().hex[:12]}"
+        self._admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+        with self._admin.connect() as connection:
+            connection.execute(text(f'CREATE DATABASE "{self.name}"'))
+        self.url = f"postgresql+psycopg://postgres@127.0.0.1:5432/{self.name}"
+
+    def drop(self) -> None:
+        from sqlalchemy import text
+
+        with self._admin.connect() as connection:
+            connection.execute(text(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)'))
+        self._admin.dispose()

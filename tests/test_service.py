@@ -1,0 +1,226 @@
+"""The metadata service over real HTTP (uvicorn on 127.0.0.1), on SQLite and on PostgreSQL."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import itertools
+
+import pytest
+
+from ckptstore.layout import checkpoint_location
+from ckptstore.position import Position
+
+NODES = ["n0", "n1", "n2"]
+
+
+def declare(client, service, job, nodes=NODES, **extra):
+    response = client.put(f"/v1/jobs/{job}", json={"nodes": nodes, "storage_root": service.storage, **extra})
+    assert response.status_code in (200, 201), response.text
+    return response.json()
+
+
+def commit_body(service, job, node, epoch, batch=None, attempt=1, **extra):
+    return {
+        "epoch": epoch, "batch": batch, "attempt": attempt, "step": epoch * 10,
+        "location": checkpoint_location(service.storage, job, node, Position(epoch, batch), attempt),
+        "bytes": 100, "checksums": {"tensors-00000.safetensors": "crc32c:0000abcd"}, **extra,
+    }
+
+
+def commit(client, service, job, node, epoch, batch=None, attempt=1, expect=201, **extra):
+    response = client.post(f"/v1/jobs/{job}/nodes/{node}/checkpoints",
+                           json=commit_body(service, job, node, epoch, batch, attempt, **extra))
+    assert response.status_code == expect, response.text
+    return response.json()
+
+
+def last_good(client, job, **params):
+    response = client.get(f"/v1/jobs/{job}/last-good-epoch", params=params)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_job_lifecycle(service, job_name):
+    with service.client() as client:
+        assert client.put(f"/v1/jobs/{job_name}", json={"nodes": ["a"], "storage_root": service.storage}).status_code == 201
+        updated = client.put(f"/v1/jobs/{job_name}", json={"nodes": ["a", "b"], "retention": {"keep_last": 2}})
+        assert updated.status_code == 200 and updated.json()["nodes"] == ["a", "b"]
+        assert updated.json()["retention"]["keep_last"] == 2
+        assert job_name in [j["job"] for j in client.get("/v1/jobs", params={"limit": 1000}).json()]
+        assert client.get(f"/v1/jobs/{job_name}").json()["last_good_epoch"] is None
+        assert client.delete(f"/v1/jobs/{job_name}").status_code == 204
+        missing = client.get(f"/v1/jobs/{job_name}")
+        assert missing.status_code == 404 and missing.json()["error"] == "not_found"
+
+
+def test_a_position_is_good_only_when_every_expected_node_committed(service, job_name):
+    with service.client() as client:
+        declare(client, service, job_name)
+        commit(client, service, job_name, "n0", 0)
+        commit(client, service, job_name, "n1", 0)
+        answer = last_good(client, job_name)
+        assert answer["epoch"] is None and answer["resume"] is None
+        assert answer["not_good"] == [{"epoch": 0, "batch": None, "missing": ["n2"], "corrupt": []}]
+        commit(client, service, job_name, "n2", 0)
+        answer = last_good(client, job_name)
+        assert answer["epoch"] == 0 and answer["resume"] == {"epoch": 0, "batch": None}
+        assert answer["nodes"]["n1"]["location"].endswith(f"/{job_name}/n1/0000000000/1")
+        assert answer["not_good"] == []
+
+
+def test_out_of_order_commits_and_mid_epoch_positions(service, job_name):
+    with service.client() as client:
+        declare(client, service, job_name)
+        for node in NODES:                       # epoch 2 arrives before epoch 1
+            commit(client, service, job_name, node, 2)
+        for node in NODES[:2]:
+            commit(client, service, job_name, node, 1)
+        assert last_good(client, job_name)["epoch"] == 2
+        for node in NODES:
+            commit(client, service, job_name, node, 3, batch=50)
+        commit(client, service, job_name, "n0", 3, batch=80)
+        answer = last_good(client, job_name)
+        assert answer["epoch"] == 2 and answer["resume"] == {"epoch": 3, "batch": 50}
+        assert answer["not_good"] == [{"epoch": 3, "batch": 80, "missing": ["n1", "n2"], "corrupt": []}]
+        assert last_good(client, job_name, max_epoch=1)["epoch"] is None, "epoch 1 never became good"
+        capped = last_good(client, job_name, max_epoch=2)
+        assert capped["epoch"] == 2 and capped["resume"] == {"epoch": 2, "batch": None}
+
+
+def test_a_corrupt_mark_demotes_the_position(service, job_name):
+    with service.client() as client:
+        declare(client, service, job_name)
+        for epoch, node in itertools.product((0, 1), NODES):
+            commit(client, service, job_name, node, epoch)
+        marked = client.post(f"/v1/jobs/{job_name}/nodes/n1/checkpoints/mark",
+                             json={"epoch": 1, "state": "corrupt", "reason": "verify: checksum mismatch"})
+        assert marked.status_code == 200 and marked.json()[0]["state"] == "corrupt"
+        answer = last_good(client, job_name)
+        assert answer["epoch"] == 0
+        assert answer["not_good"] == [{"epoch": 1, "batch": None, "missing": [], "corrupt": ["n1"]}]
+        commit(client, service, job_name, "n1", 1, attempt=2)  # a later attempt re-saves it
+        assert last_good(client, job_name)["epoch"] == 1
+        listed = client.get(f"/v1/jobs/{job_name}/checkpoints", params={"state": "corrupt"}).json()
+        assert [(r["node"], r["epoch"], r["attempt"]) for r in listed] == [("n1", 1, "1")]
+
+
+def test_changing_the_node_set_applies_to_positions_written_after(service, job_name):
+    with service.client() as client:
+        declare(client, service, job_name)
+        for node in NODES:
+            commit(client, service, job_name, node, 0)
+        commit(client, service, job_name, "n0", 1)           # epoch 1 begins under the 3-node set
+        declare(client, service, job_name, nodes=["n0", "n1"])
+        commit(client, service, job_name, "n1", 1)
+        assert last_good(client, job_name)["epoch"] == 0, "epoch 1 still needs n2 (written before the change)"
+        commit(client, service, job_name, "n0", 2)
+        commit(client, service, job_name, "n1", 2)
+        assert last_good(client, job_name)["epoch"] == 2
+        rejected = client.post(f"/v1/jobs/{job_name}/nodes/n2/checkpoints", json=commit_body(service, job_name, "n2", 3))
+        assert rejected.status_code == 422, "n2 is no longer an expected node"
+
+
+def test_attempts_fencing_idempotency_and_conflicts(service, job_name):
+    with service.client() as client:
+        declare(client, service, job_name, nodes=["n0"])
+        first = client.post(f"/v1/jobs/{job_name}/nodes/n0/attempts", json={})
+        assert first.status_code == 201 and first.json()["attempt"] == 1
+        commit(client, service, job_name, "n0", 0, attempt=1)
+        commit(client, service, job_name, "n0", 0, attempt=1, expect=200)  # identical re-post
+        conflict = client.post(f"/v1/jobs/{job_name}/nodes/n0/checkpoints",
+                               json=commit_body(service, job_name, "n0", 0, attempt=1, bytes=999))
+        assert conflict.status_code == 409 and conflict.json()["error"] == "conflict"
+        second = client.post(f"/v1/jobs/{job_name}/nodes/n0/attempts", json={"resumed_from": {"epoch": 0}})
+        assert second.json()["attempt"] == 2
+        fenced = client.post(f"/v1/jobs/{job_name}/nodes/n0/checkpoints", json=commit_body(service, job_name, "n0", 1))
+        assert fenced.status_code == 409 and fenced.json()["error"] == "fenced"
+        commit(client, service, job_name, "n0", 1, attempt=2)
+        history = client.get(f"/v1/jobs/{job_name}/attempts").json()
+        assert [(a["attempt"], a["resumed_from"]) for a in history] == [(1, None), (2, {"epoch": 0, "batch": None})]
+        foreign = commit_body(service, job_name, "n0", 2, attempt=2)
+        foreign["location"] = foreign["location"].replace(job_name, "other-job")
+        response = client.post(f"/v1/jobs/{job_name}/nodes/n0/checkpoints", json=foreign)
+        assert response.status_code == 422 and response.json()["error"] == "invalid"
+        third = client.post(f"/v1/jobs/{job_name}/nodes/n0/attempts")
+        assert third.status_code == 201 and third.json()["attempt"] == 3
+
+
+def test_offline_attempts_are_numbered_past_by_the_service(service, job_name):
+    with service.client() as client:
+        declare(client, service, job_name, nodes=["n0"])
+        commit(client, service, job_name, "n0", 0, attempt="4-1a2b3c4d")
+        assert client.post(f"/v1/jobs/{job_name}/nodes/n0/attempts").json()["attempt"] == 5
+
+
+def test_concurrent_committers_lose_nothing_and_duplicate_nothing(service, job_name):
+    nodes = [f"n{i}" for i in range(4)]
+    with service.client() as client:
+        declare(client, service, job_name, nodes=nodes)
+
+    work = [(node, epoch) for node in nodes for epoch in range(6)] * 2  # every commit posted twice
+
+    def post(item):
+        node, epoch = item
+        with service.client() as client:
+            response = client.post(f"/v1/jobs/{job_name}/nodes/{node}/checkpoints",
+                                   json=commit_body(service, job_name, node, epoch))
+            return response.status_code
+
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        statuses = list(pool.map(post, work))
+    assert sorted(set(statuses)) == [200, 201] and statuses.count(201) == 24, statuses
+    with service.client() as client:
+        records = client.get(f"/v1/jobs/{job_name}/checkpoints").json()
+        assert sorted((r["node"], r["epoch"]) for r in records) == sorted(set(work))
+        assert last_good(client, job_name)["epoch"] == 5
+
+
+def test_health_reports_staleness_and_probe(service, job_name, tmp_path):
+    with service.client() as client:
+        declare(client, service, job_name, nodes=["n0", "n1"])
+        put = client.put(f"/v1/jobs/{job_name}/nodes/n0/health",
+                         json={"cp_accessible": False, "latency_ms": None, "error": "timeout"})
+        assert put.status_code == 200 and put.json()["stale"] is False
+        health = client.get(f"/v1/jobs/{job_name}/health").json()
+        by_node = {n["node"]: n for n in health["nodes"]}
+        assert by_node["n0"]["cp_accessible"] is False and by_node["n0"]["error"] == "timeout"
+        assert by_node["n1"]["stale"] is True and by_node["n1"]["cp_accessible"] is None
+        assert health["probe"] is None
+        probed = client.get(f"/v1/jobs/{job_name}/health", params={"probe": "true"}).json()["probe"]
+        assert probed["cp_accessible"] is True and probed["latency_ms"] >= 0
+
+
+def test_stats_summary(service, job_name):
+    with service.client() as client:
+        declare(client, service, job_name, nodes=["n0"])
+        for seconds in (1.0, 2.0, 3.0, 4.0, 10.0):
+            response = client.post(f"/v1/jobs/{job_name}/stats",
+                                   json={"node": "n0", "action": "save", "seconds": seconds, "bytes": 100})
+            assert response.status_code == 204
+        rows = client.get(f"/v1/jobs/{job_name}/stats").json()["rows"]
+        assert rows == [{"action": "save", "node": "n0", "count": 5, "mean": 4.0, "p50": 3.0, "p95": 10.0,
+                         "max": 10.0, "bytes": 500}]
+
+
+def test_gc_plan_never_touches_the_protected_range(service, job_name):
+    with service.client() as client:
+        declare(client, service, job_name, retention={"keep_last": 2})
+        for epoch, node in itertools.product(range(5), NODES):
+            commit(client, service, job_name, node, epoch)
+        commit(client, service, job_name, "n0", 5)
+        plan = client.get(f"/v1/jobs/{job_name}/gc-plan").json()
+        assert plan["last_good_epoch"] == 4
+        assert sorted({(d["epoch"], d["node"]) for d in plan["deletions"]}) == sorted(
+            itertools.product(range(3), NODES))
+        assert all(d["reason"] == "retention" and d["location"].endswith(f"/{d['epoch']:010d}/1")
+                   for d in plan["deletions"])
+
+
+def test_operations_endpoints(service):
+    with service.client() as client:
+        assert client.get("/healthz").json() == {"status": "ok"}
+        assert client.get("/readyz").json() == {"status": "ready"}
+        metrics = client.get("/metrics").text
+        assert "ckptstore_requests_total" in metrics and "ckptstore_commits_total" in metrics
+        assert client.get("/docs").status_code == 200
+        assert "/v1/jobs/{job}/last-good-epoch" in client.get("/openapi.json").json()["paths"]

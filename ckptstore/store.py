@@ -41,7 +41,7 @@ __all__ = ["Store", "DEFAULT_SHARD_SIZE", "DEFAULT_CONCURRENCY"]
 
 log = logging.getLogger("ckptstore")
 
-DEFAULT_SHARD_SIZE = 256 << 20
+DEFAULT_SHARD_SIZE = 64 << 20  # bench/RESULTS.md: the best save and load ratios on local disk and S3
 DEFAULT_CONCURRENCY = 4
 Buffer = bytes | np.ndarray
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from ckptstore import CheckpointNotFoundError, CkptStoreError, Store
@@ -36,9 +37,19 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    # The service runs in its own interpreter: the client never imports server code.
+    os.execv(sys.executable, [sys.executable, "-m", "server", *args.serve_args])
+    return EXIT_FAILURE  # not reached
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ckptstore", description="Checkpoint store for ML training.")
     commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="run the metadata service (see `ckptstore serve --help`)",
+                                add_help=False)
+    serve.add_argument("serve_args", nargs=argparse.REMAINDER)
+    serve.set_defaults(run=cmd_serve)
     inspect = commands.add_parser("inspect", help="show a checkpoint's manifest: tensors, shapes, dtypes, sizes")
     inspect.add_argument("uri", help="checkpoint location, e.g. s3://ckpt/runs/mnist/worker-0/0000000005/3")
     inspect.add_argument("--json", action="store_true", help="print the manifest as JSON")

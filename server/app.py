@@ -17,6 +17,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
+from server.answers import AnswerCache
 from server.db import Database, make_engine
 from server.errors import STATUS_CODES, ApiError
 from server.metrics import METRICS
@@ -80,6 +81,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.db = Database(make_engine(settings.database_url))
+        app.state.answers = AnswerCache()
         try:
             yield
         finally:

@@ -48,6 +48,7 @@ class Job(Base):
     storage_root: Mapped[str] = mapped_column(Text)
     retention: Mapped[dict] = mapped_column(JSON)
     nodes_version: Mapped[int] = mapped_column(Integer, default=1)
+    version: Mapped[int] = mapped_column(BigInteger, default=1)  # bumped by every change to the job's records
     last_good_epoch: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     resume_epoch: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     resume_batch_key: Mapped[int | None] = mapped_column(BigInteger, nullable=True)

@@ -35,12 +35,17 @@ from server.models import END_OF_EPOCH, Attempt, Checkpoint, Job, NodeSet, Posit
 from server.settings import root_is_allowed
 
 __all__ = [
-    "find_job", "lock_job", "put_job", "job_info", "expected_nodes", "start_attempt", "list_attempts",
+    "job_version", "find_job", "lock_job", "put_job", "job_info", "expected_nodes", "start_attempt", "list_attempts",
     "commit_checkpoint", "mark_checkpoint", "list_checkpoints", "last_good", "gc_plan", "delete_job", "attempt_info",
     "NOT_GOOD_LIMIT",
 ]
 
 NOT_GOOD_LIMIT = 20
+
+
+def job_version(session: Session, name: str) -> int | None:
+    """The job's change counter (None if undeclared): a cheap check that a cached answer is current."""
+    return session.execute(select(Job.version).where(Job.name == name)).scalar()
 
 
 def find_job(session: Session, name: str) -> Job:
@@ -90,7 +95,7 @@ def put_job(session: Session, name: str, spec: JobSpec, *, default_root: str, al
     job = session.scalar(select(Job).where(Job.name == name).with_for_update())
     created = job is None
     if created:
-        job = Job(name=name, storage_root=root, retention=spec.retention.model_dump(), nodes_version=1,
+        job = Job(name=name, storage_root=root, retention=spec.retention.model_dump(), nodes_version=1, version=1,
                   created_at=now, updated_at=now)
         session.add(job)
         session.flush()
@@ -104,6 +109,7 @@ def put_job(session: Session, name: str, spec: JobSpec, *, default_root: str, al
         job.nodes_version += 1
         session.add(NodeSet(job_id=job.id, version=job.nodes_version, nodes=list(spec.nodes)))
     job.updated_at = now
+    job.version += 1
     return job, False
 
 
@@ -194,6 +200,7 @@ def commit_checkpoint(session: Session, job: Job, node: str, body: CommitRequest
                                 good=False))
     session.flush()
     _judge_position(session, job, position.epoch, key)
+    job.version += 1
     return _record(job, row), True
 
 
@@ -213,6 +220,7 @@ def mark_checkpoint(session: Session, job: Job, node: str, body: MarkRequest) ->
         row.reason = body.reason
     session.flush()
     _judge_position(session, job, body.epoch, key)
+    job.version += 1
     return [_record(job, r) for r in rows]
 
 

@@ -20,6 +20,7 @@ def upgrade() -> None:
     sa.Column('storage_root', sa.Text(), nullable=False),
     sa.Column('retention', sa.JSON(), nullable=False),
     sa.Column('nodes_version', sa.Integer(), nullable=False),
+    sa.Column('version', sa.BigInteger(), nullable=False),
     sa.Column('last_good_epoch', sa.BigInteger(), nullable=True),
     sa.Column('resume_epoch', sa.BigInteger(), nullable=True),
     sa.Column('resume_batch_key', sa.BigInteger(), nullable=True),

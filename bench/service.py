@@ -1,0 +1,299 @@
+"""Service load test on loopback: last-good queries, commits and a mixed load, vs a trivial endpoint.
+
+    python bench/service.py [--jobs 10000] [--nodes 8] [--epochs 100] [--db sqlite postgres]
+                            [--workers 1 2] [--duration 10]
+
+For each database and worker count it starts `python -m server` on 127.0.0.1, fills the database
+directly with jobs × nodes × epochs committed records (all positions good), then measures with wrk
+(closed loop, 32 connections, bounded by --duration): GET /healthz (the trivial endpoint), GET
+last-good-epoch over random jobs, POST commits of new epochs, and a mix (80 % last-good, 15 %
+commits, 5 % health). A fixed-rate open-loop generator then sends last-good queries at --rate rps
+and reports p50/p99 from each request's scheduled start (no coordinated omission). EXPLAIN plans of
+the last-good queries are recorded. Needs `wrk` (Debian: apt-get install wrk).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from sqlalchemy import create_engine, event, text  # noqa: E402
+
+from server.migrate import migrate  # noqa: E402
+
+WRK_SCRIPT = r"""
+local jobs, nodes, root, mode = %d, %d, "%s", "%s"
+local counter = 0
+math.randomseed(os.time() + %d)
+local function last_good()
+  return wrk.format("GET", string.format("/v1/jobs/job-%%05d/last-good-epoch", math.random(0, jobs - 1)))
+end
+local function commit()
+  counter = counter + 1
+  local job = string.format("job-%%05d", math.random(0, jobs - 1))
+  local epoch = 1000000 + counter * 16 + %d
+  local node = string.format("n%%d", math.random(0, nodes - 1))
+  local body = string.format('{"epoch":%%d,"attempt":1,"location":"%%s/%%s/%%s/%%010d/1","bytes":1,"checksums":{}}',
+                             epoch, root, job, node, epoch)
+  return wrk.format("POST", "/v1/jobs/" .. job .. "/nodes/" .. node .. "/checkpoints",
+                    {["Content-Type"] = "application/json"}, body)
+end
+local function health()
+  local job = string.format("job-%%05d", math.random(0, jobs - 1))
+  return wrk.format("PUT", "/v1/jobs/" .. job .. "/nodes/n0/health", {["Content-Type"] = "application/json"},
+                    '{"cp_accessible":true,"latency_ms":1.5}')
+end
+request = function()
+  if mode == "last_good" then return last_good() end
+  if mode == "commit" then return commit() end
+  local r = math.random()
+  if r < 0.80 then return last_good() elseif r < 0.95 then return commit() else return health() end
+end
+done = function(summary, latency, requests)
+  io.write(string.format("JSON{\"requests\":%%d,\"errors\":%%d,\"status_errors\":%%d,\"p50_ms\":%%.3f,\"p99_ms\":%%.3f}\n",
+    summary.requests, summary.errors.connect + summary.errors.read + summary.errors.write + summary.errors.timeout,
+    summary.errors.status, latency:percentile(50) / 1000, latency:percentile(99) / 1000))
+end
+"""
+
+
+def populate(url: str, jobs: int, nodes: int, epochs: int, root: str) -> float:
+    """Insert jobs × nodes × epochs committed records and their good positions directly (fast SQL)."""
+    started = time.perf_counter()
+    engine = create_engine(url)
+    node_list = json.dumps([f"n{i}" for i in range(nodes)])
+    end = 10**10
+    with engine.begin() as c:
+        sqlite = c.dialect.name == "sqlite"
+        series = ("WITH RECURSIVE s(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM s WHERE i + 1 < {n}) SELECT i FROM s"
+                  if sqlite else "SELECT generate_series(0, {n} - 1) AS i")
+        pad = "printf('%05d', j.i)" if sqlite else "lpad(j.i::text, 5, '0')"
+        pad_epoch = "printf('%010d', e.i)" if sqlite else "lpad(e.i::text, 10, '0')"
+        c.execute(text(f"""INSERT INTO jobs (id, name, storage_root, retention, nodes_version, version, last_good_epoch,
+            resume_epoch, resume_batch_key, created_at, updated_at)
+            SELECT j.i + 1, 'job-' || {pad}, :root, '{{}}', 1, 1, :last, :last, :end, 0, 0
+            FROM ({series.format(n=jobs)}) j"""), {"root": root, "last": epochs - 1, "end": end})
+        c.execute(text(f"INSERT INTO node_sets (job_id, version, nodes) SELECT id, 1, :nodes FROM jobs"),
+                  {"nodes": node_list})
+        c.execute(text(f"""INSERT INTO positions (job_id, epoch, batch_key, nodes_version, good)
+            SELECT j.id, e.i, :end, 1, :good FROM jobs j CROSS JOIN ({series.format(n=epochs)}) e"""),
+                  {"end": end, "good": True})
+        c.execute(text(f"""INSERT INTO checkpoints (job_id, node, epoch, batch_key, attempt, attempt_number, attempt_suffix,
+            step, location, bytes, checksums, metrics, state, created_at)
+            SELECT j.id, 'n' || n.i, e.i, :end, '1', 1, '', e.i, :root || '/' || j.name || '/n' || n.i || '/' || {pad_epoch} || '/1',
+                   1, '{{}}', '{{}}', 'committed', 0
+            FROM jobs j CROSS JOIN ({series.format(n=nodes)}) n CROSS JOIN ({series.format(n=epochs)}) e"""),
+                  {"end": end, "root": root})
+        if not sqlite:
+            c.execute(text("SELECT setval(pg_get_serial_sequence('jobs', 'id'), (SELECT max(id) FROM jobs))"))
+    with engine.connect() as c:
+        c.execute(text("ANALYZE"))
+        c.commit()
+    engine.dispose()
+    return time.perf_counter() - started
+
+
+def explain_last_good(url: str, job: str) -> list[str]:
+    """The plan of every statement the last-good answer runs (captured from the real code path)."""
+    from server import records
+    from server.db import Database, make_engine
+
+    database = Database(make_engine(url))
+    statements: list[tuple[str, object]] = []
+
+    @event.listens_for(database.engine, "before_cursor_execute")
+    def capture(conn, cursor, statement, parameters, context, executemany):
+        if statement.lstrip().upper().startswith("SELECT"):
+            statements.append((statement, parameters))
+
+    with database.read() as session:
+        records.job_version(session, job)
+        records.last_good(session, records.find_job(session, job))
+    event.remove(database.engine, "before_cursor_execute", capture)
+    plans = []
+    with database.engine.connect() as c:
+        sqlite = c.dialect.name == "sqlite"
+        for statement, parameters in statements:
+            prefix = "EXPLAIN QUERY PLAN " if sqlite else "EXPLAIN "
+            rows = c.exec_driver_sql(prefix + statement, parameters).fetchall()
+            plan = " | ".join(str(r[-1]) if sqlite else str(r[0]) for r in rows)
+            plans.append(f"{' '.join(statement.split())[:160]}  =>  {plan}")
+    database.dispose()
+    return plans
+
+
+def start_service(url: str, port: int, workers: int, root: str) -> subprocess.Popen:
+    env = os.environ | {"CKPTSTORE_DB_URL": url, "CKPTSTORE_PORT": str(port), "CKPTSTORE_WORKERS": str(workers),
+                        "CKPTSTORE_STORAGE": root, "CKPTSTORE_LOG_LEVEL": "warning"}
+    process = subprocess.Popen([sys.executable, "-m", "server"], env=env, stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1).status == 200:
+                return process
+        except OSError:
+            time.sleep(0.1)
+    process.kill()
+    raise RuntimeError("service did not become ready")
+
+
+def run_wrk(port: int, mode: str, path: str, duration: int, jobs: int, nodes: int, root: str, salt: int) -> dict:
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
+        script.write(WRK_SCRIPT % (jobs, nodes, root, mode, salt, salt % 16))
+    result = subprocess.run(["wrk", "-t1", "-c32", f"-d{duration}s", "--timeout", "5s", "-s", script.name,
+                             f"http://127.0.0.1:{port}{path}"], capture_output=True, text=True, timeout=duration + 60)
+    os.unlink(script.name)
+    match = re.search(r"JSON(\{.*\})", result.stdout)
+    if not match:
+        raise RuntimeError(f"wrk failed: {result.stdout}\n{result.stderr}")
+    stats = json.loads(match.group(1))
+    stats["rps"] = stats["requests"] / duration
+    return stats
+
+
+async def fixed_rate(port: int, rate: int, duration: float, jobs: int, connections: int = 16) -> dict:
+    """Open-loop GET last-good at `rate` rps; latency counted from each request's scheduled start."""
+    interval = 1.0 / rate
+    total = int(rate * duration)
+    queue: asyncio.Queue[float] = asyncio.Queue()
+    latencies: list[float] = []
+    errors = 0
+
+    async def connection() -> None:
+        nonlocal errors
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        while True:
+            scheduled = await queue.get()
+            if scheduled < 0:
+                break
+            job = f"job-{random.randrange(jobs):05d}"
+            writer.write(f"GET /v1/jobs/{job}/last-good-epoch HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
+            header = await reader.readuntil(b"\r\n\r\n")
+            length = int(re.search(rb"content-length: (\d+)", header, re.I).group(1))
+            await reader.readexactly(length)
+            if not header.startswith(b"HTTP/1.1 200"):
+                errors += 1
+            latencies.append(time.perf_counter() - scheduled)
+        writer.close()
+
+    workers = [asyncio.create_task(connection()) for _ in range(connections)]
+    start = time.perf_counter()
+    for i in range(total):
+        scheduled = start + i * interval
+        delay = scheduled - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        queue.put_nowait(scheduled)
+    for _ in workers:
+        queue.put_nowait(-1.0)
+    await asyncio.gather(*workers)
+    latencies.sort()
+    return {"rate": rate, "requests": len(latencies), "errors": errors,
+            "p50_ms": latencies[len(latencies) // 2] * 1000, "p99_ms": latencies[int(len(latencies) * 0.99)] * 1000}
+
+
+def make_database(kind: str, tmp: str) -> tuple[str, callable]:
+    if kind == "sqlite":
+        return f"sqlite:///{tmp}/bench.db", lambda: None
+    name = f"ckptstore_bench_{os.getpid()}"
+    admin = create_engine("postgresql+psycopg://postgres@127.0.0.1:5432/postgres", isolation_level="AUTOCOMMIT")
+    with admin.connect() as c:
+        c.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        c.execute(text(f'CREATE DATABASE "{name}"'))
+
+    def drop() -> None:
+        with admin.connect() as c:
+            c.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+    return f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}", drop
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=10_000)
+    parser.add_argument("--nodes", type=int, default=8)
+    parser.add_argument("--epochs", type=int, default=100)
+    parser.add_argument("--db", nargs="+", default=["sqlite", "postgres"], choices=["sqlite", "postgres"])
+    parser.add_argument("--workers", nargs="+", type=int, default=[1, 2])
+    parser.add_argument("--duration", type=int, default=10)
+    parser.add_argument("--rate", type=int, default=1000)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    if shutil.which("wrk") is None:
+        sys.exit("wrk is needed: apt-get install wrk")
+    from tests.servers import free_port
+
+    results = {"command": " ".join(["python"] + sys.argv),
+               "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+               "records": args.jobs * args.nodes * args.epochs, "runs": [], "explain": {}}
+    for kind in args.db:
+        tmp = tempfile.mkdtemp(prefix="ckptstore-svc-bench-")
+        root = f"{tmp}/storage"
+        url, drop = make_database(kind, tmp)
+        try:
+            migrate(url)
+            results[f"populate_{kind}_s"] = populate(url, args.jobs, args.nodes, args.epochs, root)
+            results["explain"][kind] = explain_last_good(url, "job-00042")
+            for workers in args.workers:
+                port = free_port()
+                process = start_service(url, port, workers, root)
+                try:
+                    run = {"db": kind, "workers": workers}
+                    for salt, (name, mode, path) in enumerate([
+                        ("trivial", "last_good", "/healthz"), ("last_good", "last_good", "/"),
+                        ("commit", "commit", "/"), ("mixed", "mixed", "/")]):
+                        if name == "trivial":
+                            stats = run_wrk_plain(port, args.duration)
+                        else:
+                            stats = run_wrk(port, mode, path, args.duration, args.jobs, args.nodes, root,
+                                            salt + 10 * workers + (100 if kind == "postgres" else 0))
+                        run[name] = stats
+                    run["last_good_vs_trivial"] = run["last_good"]["rps"] / run["trivial"]["rps"]
+                    run["fixed_rate"] = asyncio.run(fixed_rate(port, args.rate, args.duration, args.jobs))
+                    results["runs"].append(run)
+                    print(json.dumps(run), flush=True)
+                finally:
+                    process.send_signal(signal.SIGTERM)
+                    process.wait(timeout=30)
+        finally:
+            drop()
+            shutil.rmtree(tmp, ignore_errors=True)
+    text_out = json.dumps(results, indent=1)
+    print(text_out)
+    if args.out:
+        with open(args.out, "w") as handle:
+            handle.write(text_out)
+
+
+def run_wrk_plain(port: int, duration: int) -> dict:
+    """The trivial endpoint: the same stack answering a constant."""
+    script = 'done = function(s, l, r) io.write(string.format("JSON{\\"requests\\":%d,\\"errors\\":%d,' \
+             '\\"status_errors\\":%d,\\"p50_ms\\":%.3f,\\"p99_ms\\":%.3f}\\n", s.requests, s.errors.connect + ' \
+             's.errors.read + s.errors.write + s.errors.timeout, s.errors.status, l:percentile(50) / 1000, ' \
+             'l:percentile(99) / 1000)) end\n'
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as handle:
+        handle.write(script)
+    result = subprocess.run(["wrk", "-t1", "-c32", f"-d{duration}s", "-s", handle.name,
+                             f"http://127.0.0.1:{port}/healthz"], capture_output=True, text=True, timeout=duration + 60)
+    os.unlink(handle.name)
+    stats = json.loads(re.search(r"JSON(\{.*\})", result.stdout).group(1))
+    stats["rps"] = stats["requests"] / duration
+    return stats
+
+
+if __name__ == "__main__":
+    main()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import secrets
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
@@ -140,13 +140,32 @@ class Storage:
                 filled += got
             return buffer[:filled]
 
-    def read_objects(self, relpaths: Sequence[str], *, concurrency: int) -> dict[str, bytes | np.ndarray | Exception]:
-        """Several whole objects, fetched concurrently on object stores; failures come back as exceptions."""
+    def read_objects(
+        self,
+        relpaths: Sequence[str],
+        *,
+        concurrency: int,
+        check: Callable[[str, bytes | np.ndarray], None] | None = None,
+    ) -> dict[str, bytes | np.ndarray | Exception]:
+        """Several whole objects, fetched concurrently; failures (and `check`'s raises) come back as exceptions.
+
+        On local disk `check` runs in the reading thread, overlapping verification with I/O.
+        """
+
+        def checked(relpath: str, blob: bytes | np.ndarray | Exception) -> bytes | np.ndarray | Exception:
+            if check is None or isinstance(blob, Exception):
+                return blob
+            try:
+                check(relpath, blob)
+            except Exception as exc:
+                return exc
+            return blob
+
         if self.is_local or len(relpaths) <= 1:
 
             def read(relpath: str) -> bytes | np.ndarray | Exception:
                 try:
-                    return self.read_object(relpath)
+                    return checked(relpath, self.read_object(relpath))
                 except OSError as exc:
                     return exc
 
@@ -155,7 +174,9 @@ class Storage:
         paths = [self.path(r) for r in relpaths]
         fetched = self.fs.cat(paths, on_error="return", batch_size=concurrency)
         by_path = {self.fs._strip_protocol(p): v for p, v in fetched.items()}
-        return {r: by_path.get(self.fs._strip_protocol(p), FileNotFoundError(p)) for r, p in zip(relpaths, paths)}
+        return {
+            r: checked(r, by_path.get(self.fs._strip_protocol(p), FileNotFoundError(p))) for r, p in zip(relpaths, paths)
+        }
 
     def read_ranges(self, relpaths: Sequence[str], starts: Sequence[int], ends: Sequence[int]) -> list[bytes]:
         """Byte ranges `[start, end)` of objects (range requests on object stores)."""

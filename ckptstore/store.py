@@ -271,19 +271,23 @@ class Store:
     def _read_tensors(self, key: str, manifest: Manifest, names: Sequence[str] | None) -> dict[str, np.ndarray]:
         location = f"{self.url}/{key}"
         if names is None:
-            files = [shard.file for shard in manifest.shards]
-            blobs = self._storage.read_objects([f"{key}/{f}" for f in files], concurrency=self.concurrency)
-            buffers = []
-            for shard in manifest.shards:
-                blob = blobs[f"{key}/{shard.file}"]
+            shards = {f"{key}/{shard.file}": shard for shard in manifest.shards}
+
+            def check(relpath: str, blob: Buffer) -> None:
+                problem = _shard_problem(shards[relpath], blob, manifest)
+                if problem is not None:
+                    raise CorruptCheckpointError(f"{problem.detail} in {location}", location=location, file=problem.file)
+
+            blobs = self._storage.read_objects(list(shards), concurrency=self.concurrency, check=check)
+            for relpath, shard in shards.items():
+                blob = blobs[relpath]
+                if isinstance(blob, CorruptCheckpointError):
+                    raise blob
                 if isinstance(blob, Exception):
                     raise CorruptCheckpointError(
                         f"shard {shard.file} of {location} cannot be read: {blob}", location=location, file=shard.file
                     )
-                problem = _shard_problem(shard, blob, manifest)
-                if problem is not None:
-                    raise CorruptCheckpointError(f"{problem.detail} in {location}", location=location, file=shard.file)
-                buffers.append(blob)
+            buffers = [blobs[f"{key}/{shard.file}"] for shard in manifest.shards]
             return {t.name: _as_array(buffers[t.shard], t, t.begin) for t in manifest.tensors}
         wanted = []
         for name in names:

@@ -1,3 +1,5 @@
-"""What runs in training scripts: the command line today; ServiceClient, Keras callback and loop manager next."""
+"""What runs in training scripts: the service client (Keras callback and loop manager to come)."""
 
-__all__: list[str] = []
+from client.service import ServiceClient
+
+__all__ = ["ServiceClient"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["ApiError", "STATUS_CODES"]
+__all__ = ["ApiError", "STATUS_CODES", "COMMON_ERRORS", "error_responses"]
 
 STATUS_CODES = {
     400: "invalid", 401: "unauthorized", 403: "forbidden", 404: "not_found", 405: "invalid", 409: "conflict",
@@ -27,3 +27,13 @@ class ApiError(Exception):
     @classmethod
     def invalid(cls, detail: str) -> ApiError:
         return cls(422, "invalid", detail)
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict]:
+    """OpenAPI `responses` entries documenting the JSON error body for these statuses."""
+    from ckptstore.schema import ErrorBody
+
+    return {status: {"model": ErrorBody, "description": STATUS_CODES.get(status, "error")} for status in statuses}
+
+
+COMMON_ERRORS = error_responses(400, 401, 404, 413, 422, 503)

@@ -147,9 +147,10 @@ def test_sqlite_pragmas_hold_on_every_pooled_connection(tmp_path):
         database.dispose()
 
 
-def _start_service(tmp_path, port: int) -> subprocess.Popen:
+def _start_service(tmp_path, port: int, workers: int = 1) -> subprocess.Popen:
     env = os.environ | {"CKPTSTORE_DB_URL": f"sqlite:///{tmp_path}/kill.db", "CKPTSTORE_PORT": str(port),
-                        "CKPTSTORE_STORAGE": f"{tmp_path}/storage", "CKPTSTORE_LOG_LEVEL": "warning"}
+                        "CKPTSTORE_STORAGE": f"{tmp_path}/storage", "CKPTSTORE_LOG_LEVEL": "warning",
+                        "CKPTSTORE_WORKERS": str(workers)}
     process = subprocess.Popen([sys.executable, "-m", "server"], env=env)
 
     def ready():
@@ -177,6 +178,24 @@ def test_a_commit_acknowledged_with_201_survives_kill_9(tmp_path):
         process = _start_service(tmp_path, port)
         with httpx.Client(base_url=f"http://127.0.0.1:{port}") as client:
             assert client.get("/v1/jobs/durable/last-good-epoch").json()["epoch"] == 0
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_cached_last_good_answers_stay_current_across_workers(tmp_path):
+    """Two worker processes, a new connection per request: every answer reflects the latest commit."""
+    port = free_port()
+    process = _start_service(tmp_path, port, workers=2)
+    storage = f"{tmp_path}/storage"
+    try:
+        assert httpx.put(f"http://127.0.0.1:{port}/v1/jobs/cached", json={"nodes": ["n0"]}).status_code == 201
+        for epoch in range(25):
+            body = commit_body(type("S", (), {"storage": storage}), "cached", "n0", epoch)
+            assert httpx.post(f"http://127.0.0.1:{port}/v1/jobs/cached/nodes/n0/checkpoints", json=body).status_code == 201
+            for _ in range(3):
+                answer = httpx.get(f"http://127.0.0.1:{port}/v1/jobs/cached/last-good-epoch").json()
+                assert answer["epoch"] == epoch
     finally:
         process.kill()
         process.wait()

@@ -6,9 +6,10 @@ from fastapi import APIRouter
 
 from ckptstore.schema import AttemptInfo, AttemptRequest
 from server import records
+from server.errors import COMMON_ERRORS
 from server.deps import DbDep, JobName, NodeName
 
-router = APIRouter(prefix="/v1/jobs/{job}", tags=["attempts"])
+router = APIRouter(prefix="/v1/jobs/{job}", tags=["attempts"], responses=COMMON_ERRORS)
 
 
 @router.post("/nodes/{node}/attempts", status_code=201, response_model=AttemptInfo)

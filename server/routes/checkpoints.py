@@ -13,10 +13,10 @@ from server import records
 from server.answers import AnswerCache
 from server.db import Database
 from server.deps import DbDep, JobName, NodeName
-from server.errors import ApiError
+from server.errors import COMMON_ERRORS, ApiError, error_responses
 from server.metrics import METRICS
 
-router = APIRouter(prefix="/v1/jobs/{job}", tags=["checkpoints"])
+router = APIRouter(prefix="/v1/jobs/{job}", tags=["checkpoints"], responses=COMMON_ERRORS | error_responses(409))
 
 
 @router.post("/nodes/{node}/checkpoints", status_code=201, response_model=CheckpointRecord,

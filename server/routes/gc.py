@@ -8,9 +8,10 @@ from fastapi import APIRouter
 
 from ckptstore.schema import GcPlan
 from server import records
+from server.errors import COMMON_ERRORS
 from server.deps import DbDep, JobName
 
-router = APIRouter(prefix="/v1/jobs/{job}", tags=["retention"])
+router = APIRouter(prefix="/v1/jobs/{job}", tags=["retention"], responses=COMMON_ERRORS)
 
 
 @router.get("/gc-plan", response_model=GcPlan)

@@ -9,10 +9,11 @@ from sqlalchemy import select
 
 from ckptstore.schema import JobInfo, JobSpec
 from server import records
+from server.errors import COMMON_ERRORS, error_responses
 from server.deps import DbDep, JobName, SettingsDep
 from server.models import Job
 
-router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=COMMON_ERRORS | error_responses(403, 409))
 
 
 @router.put("/{job}", response_model=JobInfo, responses={201: {"model": JobInfo}})

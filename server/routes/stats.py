@@ -6,9 +6,10 @@ from fastapi import APIRouter, Response
 
 from ckptstore.schema import StatsReport, StatsSummary
 from server import records, telemetry
+from server.errors import COMMON_ERRORS
 from server.deps import DbDep, JobName
 
-router = APIRouter(prefix="/v1/jobs/{job}", tags=["stats"])
+router = APIRouter(prefix="/v1/jobs/{job}", tags=["stats"], responses=COMMON_ERRORS)
 
 
 @router.post("/stats", status_code=204)

@@ -16,7 +16,7 @@ __all__ = ["AnswerCache"]
 class AnswerCache:
     """LRU of (job, max_epoch) → (version, JSON bytes)."""
 
-    def __init__(self, capacity: int = 4096):
+    def __init__(self, capacity: int = 16384):
         self.capacity = capacity
         self._entries: OrderedDict[tuple[str, int | None], tuple[int, bytes]] = OrderedDict()
         self._lock = threading.Lock()

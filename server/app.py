@@ -20,6 +20,7 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 from server.answers import AnswerCache
 from server.db import Database, make_engine
 from server.errors import STATUS_CODES, ApiError
+from server.fastpath import LastGoodFastPath
 from server.metrics import METRICS
 from server.middleware import BodyLimit, RequestMetrics, TokenAuth
 from server.routes import ROUTERS
@@ -81,7 +82,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.db = Database(make_engine(settings.database_url))
-        app.state.answers = AnswerCache()
+        app.state.answers = AnswerCache(settings.answer_cache_size)
         try:
             yield
         finally:
@@ -94,6 +95,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.include_router(router)
     _install_error_handlers(app)
     token = settings.token.get_secret_value() if settings.token else None
+    app.add_middleware(LastGoodFastPath)  # innermost: every middleware below still wraps it
     app.add_middleware(TokenAuth, token=token)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     app.add_middleware(TrustedHostMiddleware, allowed_hosts=settings.trusted_host_list)

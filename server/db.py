@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
 __all__ = ["make_engine", "Database", "SQLITE_PRAGMAS"]
@@ -19,7 +19,9 @@ SQLITE_PRAGMAS = {"journal_mode": "wal", "synchronous": 2, "busy_timeout": 30000
 
 def make_engine(url: str) -> Engine:
     if not url.startswith("sqlite"):
-        return create_engine(url, pool_size=10, max_overflow=20, pool_pre_ping=True)
+        # No pre-ping (a round trip per checkout on the hot path): SQLAlchemy invalidates the pool
+        # on a disconnect error, which the app answers 503 + Retry-After, and clients retry.
+        return create_engine(url, pool_size=10, max_overflow=20, pool_recycle=1800)
     engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30}, pool_size=16, max_overflow=16)
 
     @event.listens_for(engine, "connect")
@@ -46,11 +48,16 @@ class Database:
         self.is_sqlite = engine.dialect.name == "sqlite"
         self._reads = sessionmaker(engine, expire_on_commit=False)
         self._writes = sessionmaker(engine.execution_options(ckptstore_write=True), expire_on_commit=False)
+        self._single_reads = engine.execution_options(isolation_level="AUTOCOMMIT")
 
     @contextmanager
     def read(self) -> Iterator[Session]:
         with self._reads() as session:
             yield session
+
+    def connect_for_one_read(self) -> Connection:
+        """A connection for a single-statement read: no transaction to begin or roll back."""
+        return self._single_reads.connect()
 
     @contextmanager
     def write(self) -> Iterator[Session]:

@@ -115,8 +115,7 @@ class RequestMetrics:
         try:
             await self.app(scope, receive, capture)
         finally:
-            route = scope.get("route")
-            template = getattr(route, "path", "unmatched")
+            template = scope.get("ckptstore_route") or getattr(scope.get("route"), "path", "unmatched")
             elapsed = time.perf_counter() - started
             METRICS.requests.labels(scope["method"], template, str(status)).inc()
             METRICS.latency.labels(scope["method"], template).observe(elapsed)

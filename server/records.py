@@ -8,7 +8,7 @@ resume position change only through `_judge_position`, right where a commit or m
 from __future__ import annotations
 
 import time
-from sqlalchemy import delete, func, select, tuple_
+from sqlalchemy import Connection, bindparam, delete, func, select, tuple_
 from sqlalchemy.orm import Session
 
 from ckptstore.layout import checkpoint_location
@@ -43,9 +43,12 @@ __all__ = [
 NOT_GOOD_LIMIT = 20
 
 
-def job_version(session: Session, name: str) -> int | None:
-    """The job's change counter (None if undeclared): a cheap check that a cached answer is current."""
-    return session.execute(select(Job.version).where(Job.name == name)).scalar()
+_VERSION_QUERY = select(Job.version).where(Job.name == bindparam("name"))
+
+
+def job_version(connection: Connection, name: str) -> int | None:
+    """The job's change counter (None if undeclared): one indexed read, checking a cached answer is current."""
+    return connection.execute(_VERSION_QUERY, {"name": name}).scalar()
 
 
 def find_job(session: Session, name: str) -> Job:
@@ -224,15 +227,23 @@ def mark_checkpoint(session: Session, job: Job, node: str, body: MarkRequest) ->
     return [_record(job, r) for r in rows]
 
 
-def _heads(session: Session, job: Job, epoch: int, key: int) -> dict[str, Checkpoint]:
-    """Each node's newest attempt at a position (the one that counts)."""
-    heads: dict[str, Checkpoint] = {}
-    for row in session.scalars(select(Checkpoint).where(
-            Checkpoint.job_id == job.id, Checkpoint.epoch == epoch, Checkpoint.batch_key == key)):
-        current = heads.get(row.node)
+def _heads_at(session: Session, job: Job, positions: list[tuple[int, int]]) -> dict[tuple[int, int], dict[str, Checkpoint]]:
+    """Each node's newest attempt (the one that counts) at each of `positions` (epoch, batch_key), in one query."""
+    heads: dict[tuple[int, int], dict[str, Checkpoint]] = {p: {} for p in positions}
+    if not positions:
+        return heads
+    rows = session.scalars(select(Checkpoint).where(
+        Checkpoint.job_id == job.id, tuple_(Checkpoint.epoch, Checkpoint.batch_key).in_(positions)))
+    for row in rows:
+        at = heads[(row.epoch, row.batch_key)]
+        current = at.get(row.node)
         if current is None or (row.attempt_number, row.attempt_suffix) > (current.attempt_number, current.attempt_suffix):
-            heads[row.node] = row
+            at[row.node] = row
     return heads
+
+
+def _heads(session: Session, job: Job, epoch: int, key: int) -> dict[str, Checkpoint]:
+    return _heads_at(session, job, [(epoch, key)])[(epoch, key)]
 
 
 def _judge_position(session: Session, job: Job, epoch: int, key: int) -> None:
@@ -281,8 +292,10 @@ def last_good(session: Session, job: Job, *, max_epoch: int | None = None) -> La
     if max_epoch is not None:
         newer = newer.where(PositionRow.epoch <= max_epoch)
     not_good = []
-    for row in session.scalars(newer.order_by(PositionRow.epoch.desc(), PositionRow.batch_key.desc()).limit(NOT_GOOD_LIMIT)):
-        heads = _heads(session, job, row.epoch, row.batch_key)
+    rows = list(session.scalars(newer.order_by(PositionRow.epoch.desc(), PositionRow.batch_key.desc()).limit(NOT_GOOD_LIMIT)))
+    heads_by_position = _heads_at(session, job, [(row.epoch, row.batch_key) for row in rows])
+    for row in rows:
+        heads = heads_by_position[(row.epoch, row.batch_key)]
         expected = expected_nodes(session, job, row.nodes_version)
         not_good.append(NotGood(
             epoch=row.epoch, batch=batch_of(row.batch_key),

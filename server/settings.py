@@ -53,6 +53,7 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(default=1 << 20, ge=1024)
     trusted_hosts: str = "*"
     health_stale_seconds: float = Field(default=300.0, gt=0)
+    answer_cache_size: int = Field(default=16384, ge=0, description="last-good answers cached per worker")
     log_level: str = "info"
 
     @field_validator("token", mode="before")

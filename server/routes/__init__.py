@@ -2,6 +2,7 @@
 
 from server.routes import attempts, checkpoints, gc, health, jobs, ops, stats
 
-ROUTERS = [jobs.router, attempts.router, checkpoints.router, health.router, stats.router, gc.router, ops.router]
+# The hot last-good route is matched first (routes are matched in order).
+ROUTERS = [checkpoints.router, jobs.router, attempts.router, health.router, stats.router, gc.router, ops.router]
 
 __all__ = ["ROUTERS"]

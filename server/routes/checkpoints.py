@@ -10,10 +10,9 @@ from fastapi import APIRouter, Query, Request, Response
 from ckptstore.position import POSITION_LIMIT
 from ckptstore.schema import CheckpointRecord, CheckpointState, CommitRequest, LastGood, MarkRequest
 from server import records
-from server.answers import AnswerCache
 from server.db import Database
 from server.deps import DbDep, JobName, NodeName
-from server.errors import COMMON_ERRORS, ApiError, error_responses
+from server.errors import COMMON_ERRORS, error_responses
 from server.metrics import METRICS
 
 router = APIRouter(prefix="/v1/jobs/{job}", tags=["checkpoints"], responses=COMMON_ERRORS | error_responses(409))
@@ -55,22 +54,15 @@ def mark(job: JobName, node: NodeName, body: MarkRequest, db: DbDep) -> list[Che
 
 @router.get("/last-good-epoch", response_model=LastGood)
 async def last_good_epoch(
-    job: JobName, db: DbDep, request: Request, max_epoch: Annotated[int | None, Query(ge=0, lt=POSITION_LIMIT)] = None
+    job: JobName, request: Request, max_epoch: Annotated[int | None, Query(ge=0, lt=POSITION_LIMIT)] = None
 ) -> Response:
     """The last good epoch, the resume position, each node's part of it, and why newer positions are not good.
 
-    Answered from the per-process cache when the job's version is unchanged (one indexed read).
+    Cache hits are answered before routing (`server.fastpath`); this computes the answer and caches it.
     """
     METRICS.last_good_queries.inc()
-    cache: AnswerCache = request.app.state.answers
-    with db.read() as session:
-        version = records.job_version(session, job)
-    if version is None:
-        raise ApiError.not_found(f"job {job!r} is not declared")
-    body = cache.get((job, max_epoch), version)
-    if body is None:
-        version, body = await asyncio.to_thread(_compute_last_good, db, job, max_epoch)
-        cache.put((job, max_epoch), version, body)
+    version, body = await asyncio.to_thread(_compute_last_good, request.app.state.db, job, max_epoch)
+    request.app.state.answers.put((job, max_epoch), version, body)
     return Response(body, media_type="application/json")
 
 

@@ -120,8 +120,8 @@ def explain_last_good(url: str, job: str) -> list[str]:
         if statement.lstrip().upper().startswith("SELECT"):
             statements.append((statement, parameters))
 
+    statements.append((database.version_sql, (job,)))  # the cache check, on its own DBAPI connection
     with database.read() as session:
-        records.job_version(session, job)
         records.last_good(session, records.find_job(session, job))
     event.remove(database.engine, "before_cursor_execute", capture)
     plans = []
@@ -165,21 +165,21 @@ def run_wrk(port: int, mode: str, duration: int, jobs: int, nodes: int, root: st
     return stats
 
 
-async def warm_up(port: int, jobs: int, connections: int = 8) -> float:
-    """Ask every job's last-good answer once (per worker, roughly: connections spread over workers)."""
+async def warm_up(port: int, jobs: int, connections: int = 16) -> float:
+    """Ask every job's last-good answer over each of `connections` connections, so that every worker
+    process (each with its own cache, each holding some of the connections) has seen every job."""
     started = time.perf_counter()
-    pending = list(range(jobs)) * 4  # connections land on any worker: ask each job several times
 
-    async def connection() -> None:
+    async def connection(offset: int) -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        while pending:
-            job = f"job-{pending.pop():05d}"
+        for i in range(jobs):
+            job = f"job-{(i + offset) % jobs:05d}"
             writer.write(f"GET /v1/jobs/{job}/last-good-epoch HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
             header = await reader.readuntil(b"\r\n\r\n")
             await reader.readexactly(int(re.search(rb"content-length: (\d+)", header, re.I).group(1)))
         writer.close()
 
-    await asyncio.gather(*(connection() for _ in range(connections)))
+    await asyncio.gather(*(connection(k * jobs // connections) for k in range(connections)))
     return time.perf_counter() - started
 
 

@@ -7,14 +7,13 @@ import json
 import os
 import sys
 
-from ckptstore import CheckpointNotFoundError, CkptStoreError, Store
-from ckptstore.layout import parse_position_dirname
-
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_NOT_FOUND = 0, 1, 2, 3
 
 
 def _split_checkpoint_uri(uri: str) -> tuple[str, str, str, int, int | None, str]:
     """`<root>/<job>/<node>/<position>/<attempt>` → (root, job, node, epoch, batch, attempt)."""
+    from ckptstore.layout import parse_position_dirname
+
     parts = uri.rstrip("/").rsplit("/", 4)
     if len(parts) != 5 or (position := parse_position_dirname(parts[3])) is None:
         raise ValueError(f"{uri!r} is not a checkpoint location <root>/<job>/<node>/<epoch>[.b<batch>]/<attempt>")
@@ -23,6 +22,8 @@ def _split_checkpoint_uri(uri: str) -> tuple[str, str, str, int, int | None, str
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
+    from ckptstore import Store
+
     root, job, node, epoch, batch, attempt = _split_checkpoint_uri(args.uri)
     manifest = Store(root).manifest(job, node, epoch, batch=batch, attempt=attempt)
     if args.json:
@@ -58,6 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Imported here, not at the top: `ckptstore serve` hands over to a new interpreter without them.
+    from ckptstore import CheckpointNotFoundError, CkptStoreError
+
     args = build_parser().parse_args(argv)
     try:
         return args.run(args)

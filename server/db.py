@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
-from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
 __all__ = ["make_engine", "Database", "SQLITE_PRAGMAS"]
@@ -48,16 +49,48 @@ class Database:
         self.is_sqlite = engine.dialect.name == "sqlite"
         self._reads = sessionmaker(engine, expire_on_commit=False)
         self._writes = sessionmaker(engine.execution_options(ckptstore_write=True), expire_on_commit=False)
-        self._single_reads = engine.execution_options(isolation_level="AUTOCOMMIT")
+        marker = "?" if engine.dialect.paramstyle == "qmark" else "%s"
+        self.version_sql = f"SELECT version FROM jobs WHERE name = {marker}"
+        self._version_connection: Any = None
 
     @contextmanager
     def read(self) -> Iterator[Session]:
         with self._reads() as session:
             yield session
 
-    def connect_for_one_read(self) -> Connection:
-        """A connection for a single-statement read: no transaction to begin or roll back."""
-        return self._single_reads.connect()
+    def job_version(self, name: str) -> int | None:
+        """The job's version counter, read on a dedicated autocommit DBAPI connection.
+
+        The hot path's one database read: no pool checkout, no transaction, a prepared statement.
+        Call it from one thread only (the event loop); the connection is reopened once on error.
+        """
+        for retry in (False, True):
+            try:
+                if self._version_connection is None:
+                    self._version_connection = self._open_version_connection()
+                cursor = self._version_connection.cursor()
+                cursor.execute(self.version_sql, (name,))
+                row = cursor.fetchone()
+                cursor.close()
+                return None if row is None else int(row[0])
+            except Exception:
+                self._close_version_connection()
+                if retry:
+                    raise
+
+    def _open_version_connection(self) -> Any:
+        connection = self.engine.raw_connection()
+        if not self.is_sqlite:
+            connection.driver_connection.autocommit = True
+        return connection
+
+    def _close_version_connection(self) -> None:
+        if self._version_connection is not None:
+            try:
+                self._version_connection.invalidate()
+            except Exception:  # already broken; it is dropped either way
+                pass
+            self._version_connection = None
 
     @contextmanager
     def write(self) -> Iterator[Session]:
@@ -65,4 +98,5 @@ class Database:
             yield session
 
     def dispose(self) -> None:
+        self._close_version_connection()
         self.engine.dispose()

@@ -15,7 +15,6 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ckptstore.errors import InvalidNameError
 from ckptstore.names import validate_name
-from server import records
 from server.metrics import METRICS
 
 __all__ = ["LastGoodFastPath", "LAST_GOOD_ROUTE"]
@@ -54,6 +53,5 @@ class LastGoodFastPath:
             return None
         max_epoch = None if query.group(1) is None else int(query.group(1))
         state = scope["app"].state
-        with state.db.connect_for_one_read() as connection:
-            version = records.job_version(connection, job)
+        version = state.db.job_version(job)
         return None if version is None else state.answers.get((job, max_epoch), version)

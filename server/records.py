@@ -8,7 +8,7 @@ resume position change only through `_judge_position`, right where a commit or m
 from __future__ import annotations
 
 import time
-from sqlalchemy import Connection, bindparam, delete, func, select, tuple_
+from sqlalchemy import delete, func, select, tuple_
 from sqlalchemy.orm import Session
 
 from ckptstore.layout import checkpoint_location
@@ -35,20 +35,12 @@ from server.models import END_OF_EPOCH, Attempt, Checkpoint, Job, NodeSet, Posit
 from server.settings import root_is_allowed
 
 __all__ = [
-    "job_version", "find_job", "lock_job", "put_job", "job_info", "expected_nodes", "start_attempt", "list_attempts",
+    "find_job", "lock_job", "put_job", "job_info", "expected_nodes", "start_attempt", "list_attempts",
     "commit_checkpoint", "mark_checkpoint", "list_checkpoints", "last_good", "gc_plan", "delete_job", "attempt_info",
     "NOT_GOOD_LIMIT",
 ]
 
 NOT_GOOD_LIMIT = 20
-
-
-_VERSION_QUERY = select(Job.version).where(Job.name == bindparam("name"))
-
-
-def job_version(connection: Connection, name: str) -> int | None:
-    """The job's change counter (None if undeclared): one indexed read, checking a cached answer is current."""
-    return connection.execute(_VERSION_QUERY, {"name": name}).scalar()
 
 
 def find_job(session: Session, name: str) -> Job:

@@ -34,10 +34,10 @@ def wait_for(condition, *, timeout: float = 20.0, interval: float = 0.02, what: 
 class LiveService:
     """The service on a free loopback port; `.client()` gives an httpx client bound to it."""
 
-    def __init__(self, settings: Settings):
+    def __init__(self, settings: Settings, *, port: int | None = None):
         self.settings = settings
         migrate(settings.database_url)
-        self.port = free_port()
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         config = uvicorn.Config(create_app(settings), host="127.0.0.1", port=self.port, log_level="warning",
                                 lifespan="on")

@@ -199,3 +199,11 @@ def test_cached_last_good_answers_stay_current_across_workers(tmp_path):
     finally:
         process.kill()
         process.wait()
+
+
+def test_head_revision_constant_matches_the_migration_scripts():
+    from alembic.script import ScriptDirectory
+
+    from server.migrate import HEAD_REVISION, alembic_config
+
+    assert ScriptDirectory.from_config(alembic_config()).get_current_head() == HEAD_REVISION

@@ -1,0 +1,184 @@
+"""`BackupAndRestore`: a drop-in for `keras.callbacks.BackupAndRestore`, backed by ckptstore.
+
+Same arguments and defaults where they apply (`backup_dir`, `save_freq`, `delete_checkpoint`),
+plus `service=`, `storage=`, `job=`, `node=`. It saves model variables (including dropout RNG
+state), optimizer variables and the position, never overwriting a checkpoint in place.
+
+Exact mid-epoch resume with `save_freq=<int>`: `fit` reads `model._initial_epoch` right after
+`on_train_begin` and looks `model.train_function` up for every call, so for the first resumed epoch
+the callback installs a function that only advances the data iterator over the batches already
+trained, then puts the original back. This is exact for in-memory arrays and for `tf.data`
+pipelines that are deterministic and unshuffled (or shuffled with a fixed seed and
+`reshuffle_each_iteration=False`); a pipeline that reshuffles differently after a restart sees
+different batches — fix its seed, or use `save_freq="epoch"`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import keras
+import numpy as np
+
+from ckptstore import Position
+from ckptstore.errors import CheckpointNotFoundError
+from client.loop import _build_optimizers
+from client.node import NodeCheckpointer, OnError
+from client.preemption import PreemptionNotice
+from client.state import collect_variables, describe, restore_arrays, snapshot
+
+__all__ = ["BackupAndRestore"]
+
+log = logging.getLogger("ckptstore.client")
+
+
+class BackupAndRestore(keras.callbacks.Callback):
+    """Back up the training state every epoch (or every `save_freq` batches) and restore it on restart.
+
+    `backup_dir` is the storage root when `storage` is not given (so `BackupAndRestore("/tmp/b")`
+    works as Keras' does). `job` defaults to CKPTSTORE_JOB or "keras"; `service` to CKPTSTORE_URL.
+    With an int `save_freq` an end-of-epoch checkpoint is taken too, so a last good epoch exists.
+    """
+
+    def __init__(self, backup_dir: str | None = None, save_freq: str | int = "epoch", double_checkpoint: bool = False,
+                 delete_checkpoint: bool = True, *, service: str | None = None, storage: str | None = None,
+                 job: str | None = None, node: str | None = None, storage_options: dict[str, Any] | None = None,
+                 token: str | None = None, on_error: OnError = "warn", async_save: bool = True,
+                 max_to_keep: int | None = None, strict: bool = True, preemption_budget_s: float = 30.0):
+        super().__init__()
+        if save_freq != "epoch" and (isinstance(save_freq, bool) or not isinstance(save_freq, int) or save_freq < 1):
+            raise ValueError(f"save_freq must be 'epoch' or a positive integer, got {save_freq!r}")
+        storage = storage or backup_dir or os.environ.get("CKPTSTORE_STORAGE")
+        if not storage:
+            raise ValueError("no storage: pass backup_dir=, storage= or set CKPTSTORE_STORAGE")
+        self.save_freq = save_freq
+        self.double_checkpoint = double_checkpoint  # every position is kept until retention removes it
+        self.delete_checkpoint = delete_checkpoint
+        self.strict = strict
+        self.checkpointer = NodeCheckpointer(
+            job=job or os.environ.get("CKPTSTORE_JOB", "keras"), storage=storage,
+            service=service or os.environ.get("CKPTSTORE_URL"), node=node, storage_options=storage_options,
+            token=token, on_error=on_error, async_save=async_save, keep_last=max_to_keep,
+        )
+        self.resume_position: Position | None = None
+        self.preemption = PreemptionNotice(preemption_budget_s)
+        self._staging: dict[str, np.ndarray] = {}
+        self._epoch = 0
+        self._skip_batches = 0
+        self._next_save_at = 0
+
+    # -- restore -------------------------------------------------------------------------------
+
+    def _objects(self) -> dict[str, Any]:
+        objects: dict[str, Any] = {"model": self.model}
+        if self.model.optimizer is not None:
+            objects["optimizer"] = self.model.optimizer
+        return objects
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        if not self.model.built:
+            raise ValueError("BackupAndRestore needs a built model: call it on a batch (or build it) before fit()")
+        self.preemption.install()
+        self.resume_position = position = self.checkpointer.start()
+        if position is None:
+            return
+        objects = self._objects()
+        _build_optimizers(objects)
+        arrays = self.checkpointer.load(position)
+        saved = self.checkpointer.store.manifest(self.checkpointer.job, self.checkpointer.node, position.epoch,
+                                                 batch=position.batch).metadata.get("variables")
+        restore_arrays(collect_variables(objects), arrays, strict=self.strict, saved=saved)
+        if position.is_end_of_epoch:
+            self.model._initial_epoch = position.epoch + 1
+        else:
+            self.model._initial_epoch = position.epoch
+            self._skip_batches = position.batch
+        log.info("resumed %s/%s from %s", self.checkpointer.job, self.checkpointer.node, position)
+
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        self._epoch = epoch
+        self._next_save_at = self.save_freq if isinstance(self.save_freq, int) else 0
+        if self._skip_batches and self.resume_position is not None and epoch == self.resume_position.epoch:
+            self._install_skipper(self._skip_batches)
+            if isinstance(self.save_freq, int):
+                self._next_save_at = (self._skip_batches // self.save_freq + 1) * self.save_freq
+        self._skip_batches = 0
+
+    def _install_skipper(self, batches: int) -> None:
+        """Make the next calls of train_function only advance the iterator over `batches` batches."""
+        model = self.model
+        per_call = int(getattr(model, "steps_per_execution", 1) or 1)
+        calls, remainder = divmod(batches, per_call)
+        if remainder:
+            log.warning("resume position %d is not a multiple of steps_per_execution=%d: the last %d batch(es) "
+                        "before it are trained again", batches, per_call, remainder)
+        if calls == 0:
+            return
+        original = model.train_function
+        left = [calls]
+
+        def skip(iterator: Any) -> dict:
+            for _ in range(per_call):
+                iterator.get_next() if hasattr(iterator, "get_next") else next(iterator)
+            left[0] -= 1
+            if left[0] == 0:
+                model.train_function = original
+            return {}
+
+        model.train_function = skip
+
+    # -- save ----------------------------------------------------------------------------------
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        done = batch + 1
+        if self.preemption.pending:
+            self._checkpoint_and_exit(Position(self._epoch, done), logs)
+        if not isinstance(self.save_freq, int):
+            return
+        if self._next_save_at and done >= self._next_save_at:
+            self._next_save_at = (done // self.save_freq + 1) * self.save_freq
+            self._save(Position(self._epoch, done), logs)
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        self._save(Position(epoch, None), logs)
+
+    def _checkpoint_and_exit(self, position: Position, logs: dict | None) -> None:
+        """SIGTERM arrived: save this exact position (if the budget allows), then exit as SIGTERM would."""
+        if self.preemption.within_budget:
+            self._save(position, logs)
+            self.checkpointer.wait()
+            log.warning("preemption notice: checkpointed %s; exiting", position)
+        self.checkpointer.close()
+        self.preemption.exit()
+
+    def _save(self, position: Position, logs: dict | None) -> None:
+        self.checkpointer.wait()
+        objects = self._objects()
+        variables = collect_variables(objects)
+        arrays = snapshot(variables, self._staging)
+        metrics = {k: float(v) for k, v in (logs or {}).items() if np.ndim(v) == 0 and np.isfinite(float(v))}
+        step = int(np.asarray(self.model.optimizer.iterations)) if self.model.optimizer is not None else None
+        self.checkpointer.save(position, arrays, step=step, metrics=metrics, metadata={"variables": describe(variables)})
+
+    def on_train_end(self, logs: dict | None = None) -> None:
+        self.preemption.uninstall()
+        self.checkpointer.wait()
+        if self.delete_checkpoint and self.checkpointer.writes:
+            self._delete_all()
+        self.checkpointer.close()
+
+    def _delete_all(self) -> None:
+        """Keras semantics: a finished fit removes its backup, so the next fit starts afresh."""
+        node = self.checkpointer
+        for position in node.store.list_positions(node.job, node.node):
+            try:
+                node.store.delete(node.job, node.node, position.epoch, batch=position.batch)
+            except CheckpointNotFoundError:
+                continue
+            if node.client is not None:
+                try:
+                    node.client.mark(node.job, node.node, position, "deleted", reason="fit finished")
+                except Exception as exc:  # the blobs are gone either way; the record says why not
+                    log.info("could not mark %s deleted: %s", position, exc)

@@ -1,0 +1,124 @@
+"""Training state ⇄ named arrays, with keys that are stable across processes.
+
+Keras variable paths are not stable (an earlier model shifts `dense` → `dense_3`), so keys come
+from structure: the object's name in `objects` plus the variable's position in its `variables`
+list (`model/00003`). The manifest metadata records each key's path, shape and dtype, so a
+mismatched model is named precisely on restore. `model.variables` includes the RNG state of
+dropout layers, which an exact resume needs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+__all__ = ["StateMismatchError", "RestoreReport", "collect_variables", "describe", "restore_arrays", "snapshot"]
+
+
+class StateMismatchError(ValueError):
+    """The checkpoint does not fit the objects being restored (shape, dtype or count)."""
+
+
+@dataclass
+class RestoreReport:
+    restored: list[str] = field(default_factory=list)
+    mismatched: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+    unexpected: list[str] = field(default_factory=list)
+
+    @property
+    def complete(self) -> bool:
+        return not (self.mismatched or self.missing or self.unexpected)
+
+
+def _variables_of(obj: Any) -> list[Any]:
+    if hasattr(obj, "variables") and not hasattr(obj, "assign"):
+        variables = obj.variables
+        return list(variables() if callable(variables) else variables)
+    return [obj]  # a single variable (tf.Variable, keras.Variable)
+
+
+def collect_variables(objects: Mapping[str, Any]) -> dict[str, Any]:
+    """Stable key → variable for every variable of every object (models, optimizers, variables)."""
+    keyed: dict[str, Any] = {}
+    for name, obj in objects.items():
+        for index, variable in enumerate(_variables_of(obj)):
+            keyed[f"{name}/{index:05d}"] = variable
+    return keyed
+
+
+def _path(variable: Any) -> str:
+    return str(getattr(variable, "path", None) or getattr(variable, "name", "?"))
+
+
+def _dtype(variable: Any) -> np.dtype:
+    import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy)
+
+    dtype = getattr(variable, "dtype", None)
+    dtype = getattr(dtype, "as_numpy_dtype", dtype)
+    return np.dtype(dtype)
+
+
+def describe(variables: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Manifest metadata: key → path, shape and dtype at save time."""
+    return {key: {"path": _path(v), "shape": list(v.shape), "dtype": str(_dtype(v))} for key, v in variables.items()}
+
+
+def restore_arrays(variables: Mapping[str, Any], arrays: Mapping[str, np.ndarray], *, strict: bool = True,
+                   saved: Mapping[str, dict[str, Any]] | None = None) -> RestoreReport:
+    """Assign arrays to variables by key, after checking every shape and dtype.
+
+    strict=True raises StateMismatchError naming each mismatch before assigning anything;
+    strict=False assigns what matches and reports the rest.
+    """
+    report = RestoreReport()
+    plan = []
+    for key, variable in variables.items():
+        array = arrays.get(key)
+        if array is None:
+            report.missing.append(f"{key} ({_path(variable)})")
+            continue
+        want_shape, want_dtype = tuple(variable.shape), _dtype(variable)
+        if tuple(array.shape) != want_shape or array.dtype != want_dtype:
+            was = (saved or {}).get(key, {}).get("path", "?")
+            report.mismatched.append(f"{key}: variable {_path(variable)} is {want_shape} {want_dtype}, "
+                                     f"checkpoint has {tuple(array.shape)} {array.dtype} (saved from {was})")
+            continue
+        plan.append((key, variable, array))
+    report.unexpected = sorted(set(arrays) - set(variables))
+    if strict and not report.complete:
+        problems = report.mismatched + [f"missing in checkpoint: {m}" for m in report.missing]
+        problems += [f"not in the model: {u}" for u in report.unexpected]
+        raise StateMismatchError("checkpoint does not fit: " + "; ".join(problems[:10]))
+    for key, variable, array in plan:
+        variable.assign(array)
+        report.restored.append(key)
+    return report
+
+
+def _host_view(variable: Any) -> np.ndarray:
+    """The variable's current value as a host array, without an extra copy where TF allows it."""
+    value = getattr(variable, "value", None)
+    tensor = value() if callable(value) else value
+    if hasattr(tensor, "read_value"):  # a Keras variable wrapping a tf.Variable
+        tensor = tensor.read_value()
+    return np.asarray(tensor if tensor is not None else variable)
+
+
+def snapshot(variables: Mapping[str, Any], staging: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Copy every variable into host buffers reused across saves (one copy per variable).
+
+    The caller must not snapshot again before the save that uses these buffers is done.
+    """
+    arrays = {}
+    for key, variable in variables.items():
+        view = _host_view(variable)
+        buffer = staging.get(key)
+        if buffer is None or buffer.shape != view.shape or buffer.dtype != view.dtype:
+            buffer = staging[key] = np.empty(view.shape, view.dtype)
+        np.copyto(buffer, view)
+        arrays[key] = buffer
+    return arrays

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from functools import cached_property
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -79,8 +80,12 @@ class Manifest(_Strict):
     def total_bytes(self) -> int:
         return sum(shard.bytes for shard in self.shards)
 
+    @cached_property
+    def _tensors_by_name(self) -> dict[str, TensorRecord]:
+        return {t.name: t for t in self.tensors}
+
     def tensor(self, name: str) -> TensorRecord | None:
-        return next((t for t in self.tensors if t.name == name), None)
+        return self._tensors_by_name.get(name)
 
     def to_json(self) -> bytes:
         """Serialise with the self-checksum that `parse_manifest` requires."""

@@ -115,6 +115,7 @@ class Store:
             shards, crcs = self._write_shards(key, plans, prepared)
             # Shard entries (and the new directories) must be durable before the manifest names them.
             self._storage.sync_directory(key, up_to=3)
+            slots = {slot.name: slot for plan in plans for slot in plan.slots}
             manifest = Manifest(
                 job=job,
                 node=node,
@@ -128,15 +129,14 @@ class Store:
                 tensors=tuple(
                     TensorRecord(
                         name=name,
-                        dtype=slot.dtype,
-                        shape=slot.shape,
-                        shard=slot.shard,
-                        begin=slot.begin,
-                        end=slot.end,
+                        dtype=slots[name].dtype,
+                        shape=slots[name].shape,
+                        shard=slots[name].shard,
+                        begin=slots[name].begin,
+                        end=slots[name].end,
                         crc32c=format_crc(crcs[name]),
                     )
                     for name in prepared
-                    for slot in [self._slot(plans, name)]
                 ),
             )
             self._storage.publish_object(f"{key}/{MANIFEST_NAME}", manifest.to_json())
@@ -153,10 +153,6 @@ class Store:
             checksums={s.file: f"crc32c:{s.crc32c}" for s in manifest.shards},
             manifest=manifest,
         )
-
-    @staticmethod
-    def _slot(plans: Sequence[ShardPlan], name: str):
-        return next(slot for plan in plans for slot in plan.slots if slot.name == name)
 
     def _write_shards(
         self, key: str, plans: Sequence[ShardPlan], arrays: Mapping[str, np.ndarray]

@@ -35,10 +35,10 @@ class RestoreReport:
 
 
 def _variables_of(obj: Any) -> list[Any]:
-    if hasattr(obj, "variables") and not hasattr(obj, "assign"):
-        variables = obj.variables
-        return list(variables() if callable(variables) else variables)
-    return [obj]  # a single variable (tf.Variable, keras.Variable)
+    if hasattr(obj, "shape") and hasattr(obj, "assign"):
+        return [obj]  # a single variable (tf.Variable, keras.Variable)
+    variables = obj.variables  # models, layers, optimizers, tf.Module
+    return list(variables() if callable(variables) else variables)
 
 
 def collect_variables(objects: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,74 +1,121 @@
-"""The main job on the embedded defaults: train, get killed mid-save, resume from the last good epoch.
+"""The main job on the embedded defaults: the service on SQLite + local storage, a short Keras
+training that is SIGKILLed mid-epoch, and a rerun that resumes from the last good position.
 
-A small numpy "model" trains for 6 epochs, saving every epoch to local storage; the first run is
-SIGKILLed while writing epoch 3. The rerun finds the last committed epoch, restores it, verifies
-that the restored state is bit-equal to what was saved, and finishes.
+    python scripts/demo.py [WORKDIR]
+
+Prints what happened: the positions saved, the resume position, the service's REST answer for the
+last good epoch, and where the blobs are. Everything lives under WORKDIR (default: a temp dir).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import time
+import urllib.request
 
-import numpy as np
-
-from ckptstore import Store
-
-JOB, NODE, EPOCHS, KILL_AT = "demo", "worker-0", 6, 3
+JOB, EPOCHS, KILL_AT = "demo", 6, (3, 7)  # killed before epoch 3's 8th batch
 
 
-def train_epoch(state: dict[str, np.ndarray], epoch: int) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(epoch)
-    return {name: value + rng.standard_normal(value.shape).astype(value.dtype) * 0.01 for name, value in state.items()}
+def train(service: str, storage: str, kill_at: tuple[int, int] | None) -> None:
+    """One training process (run as a child): Keras fit with ckptstore's BackupAndRestore."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    import keras
+    import numpy as np
 
+    from client.keras import BackupAndRestore
 
-def initial_state() -> dict[str, np.ndarray]:
+    keras.utils.set_random_seed(0)
     rng = np.random.default_rng(0)
-    return {"dense/kernel": rng.standard_normal((512, 512)).astype(np.float32), "dense/bias": np.zeros(512, np.float32)}
+    x = rng.standard_normal((512, 32)).astype("float32")
+    y = (x @ rng.standard_normal((32, 1))).astype("float32")
+    model = keras.Sequential([keras.Input((32,)), keras.layers.Dense(64, activation="relu"),
+                              keras.layers.Dropout(0.2), keras.layers.Dense(1)])
+    model.compile(optimizer="adam", loss="mse")
+    backup = BackupAndRestore(service=service, storage=storage, job=JOB, node="worker-0", save_freq=4,
+                              delete_checkpoint=False)
+
+    class Report(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            where = backup.resume_position
+            print(f"[train] {'fresh start' if where is None else f'resumed from {where}'} "
+                  f"(attempt {backup.checkpointer.attempt})", flush=True)
+
+        def on_epoch_end(self, epoch, logs=None):
+            print(f"[train] epoch {epoch} done, loss {logs['loss']:.4f}", flush=True)
+
+        def on_train_batch_begin(self, batch, logs=None):
+            if kill_at is not None and (self.epoch, batch) == kill_at:
+                print(f"[train] preempted: SIGKILL at epoch {kill_at[0]} batch {kill_at[1]}", flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch = epoch
+
+    model.fit(x, y, batch_size=32, epochs=EPOCHS, shuffle=False, verbose=0, callbacks=[backup, Report()])
 
 
-def run(storage: str, kill_at: int | None) -> None:
-    store = Store(storage)
-    latest = store.latest(JOB, NODE)
-    if latest is None:
-        state, start = initial_state(), 0
-        print(f"[train] fresh start at epoch 0 (storage {storage})")
-    else:
-        state, start = dict(store.load(JOB, NODE, latest.epoch)), latest.epoch + 1
-        print(f"[train] resumed from {latest}: continuing at epoch {start}")
-    for epoch in range(start, EPOCHS):
-        state = train_epoch(state, epoch)
-        if epoch == kill_at:
-            print(f"[train] preempted (SIGKILL) while saving epoch {epoch}", flush=True)
-            _kill_during_save(store, state, epoch)
-        ref = store.save(JOB, NODE, epoch, state, step=epoch * 100)
-        print(f"[train] epoch {epoch} saved: {ref.bytes} bytes at {ref.location}")
+def get(url: str) -> object:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return json.loads(response.read())
 
 
-def _kill_during_save(store: Store, state: dict[str, np.ndarray], epoch: int) -> None:
-    """Die after the shards are written, before the manifest commits them."""
-    original = store._storage.publish_object
-    store._storage.publish_object = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL) or original(*a, **k)
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def main() -> None:
-    storage = sys.argv[1] if len(sys.argv) > 1 else tempfile.mkdtemp(prefix="ckptstore-demo-")
-    if len(sys.argv) > 2:
-        run(storage, kill_at=int(sys.argv[2]) if sys.argv[2] != "-" else None)
-        return
-    first = subprocess.run([sys.executable, __file__, storage, str(KILL_AT)])
-    print(f"[demo] first run ended by signal {-first.returncode}")
-    store = Store(storage)
-    print(f"[demo] committed positions after the crash: {[str(p) for p in store.list_positions(JOB, NODE)]}")
-    leftovers = [i.location for i in store.list_checkpoints(JOB, NODE) if not i.committed]
-    print(f"[demo] uncommitted leftovers (never restored): {leftovers}")
-    subprocess.run([sys.executable, __file__, storage, "-"], check=True)
-    print(f"[demo] committed epochs now: {store.list_epochs(JOB, NODE)}")
-    print(f"[demo] verify epoch {EPOCHS - 1}: ok={store.verify(JOB, NODE, EPOCHS - 1).ok}")
+    work = sys.argv[1] if len(sys.argv) > 1 else tempfile.mkdtemp(prefix="ckptstore-demo-")
+    storage = os.path.join(work, "checkpoints")
+    port = free_port()
+    service = f"http://127.0.0.1:{port}"
+    env = os.environ | {"CKPTSTORE_DB_URL": f"sqlite:///{work}/ckptstore.db", "CKPTSTORE_STORAGE": storage,
+                        "CKPTSTORE_PORT": str(port), "CKPTSTORE_LOG_LEVEL": "warning"}
+    print(f"[demo] starting the service on {service} (SQLite: {work}/ckptstore.db, storage: {storage})")
+    server = subprocess.Popen([sys.executable, "-m", "server"], env=env)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                get(f"{service}/readyz")
+                break
+            except OSError:
+                if time.monotonic() > deadline or server.poll() is not None:
+                    raise SystemExit("[demo] the service did not start")
+                time.sleep(0.1)
+        me = [sys.executable, __file__, "--train", service, storage]
+        first = subprocess.run([*me, f"{KILL_AT[0]},{KILL_AT[1]}"])
+        print(f"[demo] first run ended by signal {-first.returncode}")
+        records = get(f"{service}/v1/jobs/{JOB}/checkpoints")
+        saved = [f"({r['epoch']}, {r['batch']})" for r in records]
+        print(f"[demo] positions saved before the crash: {' '.join(saved)}")
+        answer = get(f"{service}/v1/jobs/{JOB}/last-good-epoch")
+        print(f"[demo] GET /v1/jobs/{JOB}/last-good-epoch -> {json.dumps(answer)}")
+        subprocess.run([*me, "-"], check=True)
+        answer = get(f"{service}/v1/jobs/{JOB}/last-good-epoch")
+        print(f"[demo] after the rerun: last good epoch {answer['epoch']}, resume position {answer['resume']}")
+        for attempt in get(f"{service}/v1/jobs/{JOB}/attempts"):
+            print(f"[demo] attempt {attempt['attempt']} of {attempt['node']} resumed from {attempt['resumed_from']}")
+        location = answer["nodes"]["worker-0"]["location"]
+        print(f"[demo] blobs of the last good checkpoint: {location}")
+        for name in sorted(os.listdir(location)):
+            print(f"         {name}  {os.path.getsize(os.path.join(location, name))} bytes")
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=30)
+        print("[demo] service stopped")
 
 
 if __name__ == "__main__":
-    main()
+    if len(sys.argv) > 1 and sys.argv[1] == "--train":
+        service, storage, kill = sys.argv[2], sys.argv[3], sys.argv[4]
+        train(service, storage, None if kill == "-" else tuple(int(v) for v in kill.split(",")))
+    else:
+        main()

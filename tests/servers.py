@@ -32,7 +32,10 @@ class MotoS3:
         self.options = {"endpoint_url": self.endpoint_url, "key": "testing", "secret": "testing"}
         import s3fs
 
-        s3fs.S3FileSystem(skip_instance_cache=True, **self.options).mkdir(self.bucket)
+        try:  # moto's backends are process-global: a second server in this process sees the bucket
+            s3fs.S3FileSystem(skip_instance_cache=True, **self.options).mkdir(self.bucket)
+        except FileExistsError:
+            pass
 
     def stop(self) -> None:
         self.server.stop()

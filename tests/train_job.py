@@ -40,9 +40,13 @@ def data() -> tuple[np.ndarray, np.ndarray]:
 
 
 class KillAt(keras.callbacks.Callback):
-    def __init__(self, epoch: int, batch: int, signum: int = signal.SIGKILL):
+    """Signal this process before training (epoch, batch). For SIGKILL it first waits for the save in
+    flight, so the expected resume position does not depend on the background writer's timing."""
+
+    def __init__(self, epoch: int, batch: int, signum: int, wait=lambda: None):
         super().__init__()
         self.epoch, self.batch, self.current, self.signum, self.sent = epoch, batch, -1, signum, False
+        self.wait = wait
 
     def on_epoch_begin(self, epoch, logs=None):
         self.current = epoch
@@ -50,6 +54,8 @@ class KillAt(keras.callbacks.Callback):
     def on_train_batch_begin(self, batch, logs=None):
         if (self.current, batch) >= (self.epoch, self.batch) and not self.sent:
             self.sent = True
+            if self.signum == signal.SIGKILL:
+                self.wait()
             os.kill(os.getpid(), self.signum)
 
 
@@ -74,7 +80,8 @@ def run_keras(args: argparse.Namespace) -> keras.Model:
 
     callbacks = [callback, Announce()]
     if args.kill_epoch is not None:
-        callbacks.append(KillAt(args.kill_epoch, args.kill_batch, signal.SIGTERM if args.sigterm else signal.SIGKILL))
+        signum = signal.SIGTERM if args.sigterm else signal.SIGKILL
+        callbacks.append(KillAt(args.kill_epoch, args.kill_batch, signum, wait=callback.checkpointer.wait))
     model.fit(*data(), batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0, callbacks=callbacks)
     return model
 
@@ -101,6 +108,7 @@ def run_loop(args: argparse.Namespace) -> keras.Model:
     for epoch in range(start, EPOCHS):
         for batch in range(SAMPLES // BATCH):
             if args.kill_epoch is not None and (epoch, batch) >= (args.kill_epoch, args.kill_batch):
+                manager.wait()  # the save in flight lands first: a deterministic expected resume position
                 os.kill(os.getpid(), signal.SIGKILL)
             step(x[batch * BATCH:(batch + 1) * BATCH], y[batch * BATCH:(batch + 1) * BATCH])
         manager.save(epoch)

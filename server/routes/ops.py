@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Response
+from fastapi.responses import PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
 
@@ -28,6 +29,7 @@ def readyz(db: DbDep) -> dict[str, str]:
     return {"status": "ready"}
 
 
-@router.get("/metrics")
+@router.get("/metrics", response_class=PlainTextResponse, responses={200: {"content": {"text/plain": {}}}})
 def metrics() -> Response:
+    """Prometheus metrics (text exposition format)."""
     return Response(generate_latest(METRICS.registry), media_type=CONTENT_TYPE_LATEST)

@@ -139,7 +139,8 @@ class BackupAndRestore(keras.callbacks.Callback):
             return
         if self._next_save_at and done >= self._next_save_at:
             self._next_save_at = (done // self.save_freq + 1) * self.save_freq
-            self._save(Position(self._epoch, done), logs)
+            if done != self.params.get("steps"):  # the end-of-epoch checkpoint follows right away
+                self._save(Position(self._epoch, done), logs)
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         self._save(Position(epoch, None), logs)

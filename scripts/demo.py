@@ -19,7 +19,7 @@ import tempfile
 import time
 import urllib.request
 
-JOB, EPOCHS, KILL_AT = "demo", 6, (3, 7)  # killed before epoch 3's 8th batch
+JOB, EPOCHS, KILL_AT = "demo", 6, (3, 14)  # killed before epoch 3's 15th of 16 batches
 
 
 def train(service: str, storage: str, kill_at: tuple[int, int] | None) -> None:

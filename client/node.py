@@ -24,6 +24,7 @@ from ckptstore.errors import (
     FencedError,
     ServiceError,
     ServiceUnavailableError,
+    StorageUnavailableError,
 )
 from ckptstore.retention import Candidate, good_positions
 from client.identity import NodeIdentity, resolve_identity
@@ -166,17 +167,18 @@ class NodeCheckpointer:
         except (CkptStoreError, OSError):
             raise
         except Exception as exc:  # backend errors (botocore, aiohttp…) mean: storage not usable now
-            raise OSError(f"storage write failed: {type(exc).__name__}: {exc}") from exc
+            raise StorageUnavailableError(f"storage write failed: {type(exc).__name__}: {exc}") from exc
         self.saved.append(position)
         self._report_stats("save", time.perf_counter() - started, ref.bytes)
-        self._pending.append((ref, metrics))
-        self._flush_commits()
-        if self.gc and self.client is not None:
-            self._collect_garbage()
+        if self.client is not None:
+            self._pending.append((ref, metrics))
+            self._flush_commits()
+            if self.gc:
+                self._collect_garbage()
 
     def _flush_commits(self) -> None:
         """Post every commit not yet acknowledged (oldest first); keep them if the service is down."""
-        while self._pending and self.client is not None:
+        while self._pending:
             ref, metrics = self._pending[0]
             try:
                 self.client.commit(ref, metrics=metrics)
@@ -187,8 +189,6 @@ class NodeCheckpointer:
                 self.fenced = True
                 raise
             self._pending.popleft()
-        if self.client is None:
-            self._pending.clear()
 
     @property
     def pending_commits(self) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -116,7 +117,8 @@ def token_service(tmp_path_factory):
     live.stop()
 
 
-def test_with_a_token_every_route_but_liveness_and_readiness_needs_it(token_service):
+def test_with_a_token_every_route_but_liveness_and_readiness_needs_it(token_service, caplog):
+    caplog.set_level(logging.DEBUG)
     with token_service.client() as anonymous:
         assert anonymous.get("/healthz").status_code == 200 and anonymous.get("/readyz").status_code == 200
         for path in ("/v1/jobs", "/metrics", "/docs", "/openapi.json", "/v1/jobs/x/last-good-epoch"):
@@ -129,6 +131,8 @@ def test_with_a_token_every_route_but_liveness_and_readiness_needs_it(token_serv
         assert client.put("/v1/jobs/authjob", json={"nodes": ["n0"]}).status_code == 201
         assert client.get("/v1/jobs").status_code == 200
         assert "s3cret" not in client.get("/metrics").text
+    assert "/v1/jobs" in caplog.text, "requests are logged"
+    assert "s3cret" not in caplog.text, "the token never reaches a log"
 
 
 def test_sqlite_pragmas_hold_on_every_pooled_connection(tmp_path):

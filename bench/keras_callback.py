@@ -1,0 +1,170 @@
+"""What checkpointing costs a Keras training: ckptstore's callback vs keras.callbacks.BackupAndRestore.
+
+    python bench/keras_callback.py [--sizes 1024 100] [--reps 3] [--epochs 3]
+
+For a dense model of about SIZE MiB of weights (+ Adam slots: ≈ 3 × SIZE MiB of state), trained on
+CPU with epochs long enough that a background write finishes within one, it runs interleaved
+(A B C D, order rotated per repetition) fits with: no callback, Keras' BackupAndRestore,
+ckptstore BackupAndRestore with async_save=False, and with async saves (the default), all on
+local disk. Reports the median per-epoch time added over no callback, the time training is
+blocked per save, the background write throughput, the restore time at the start of a resumed
+fit, and whether the final weights equal the run without a callback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+from client.keras import BackupAndRestore  # noqa: E402
+
+WIDTH = 4096
+
+
+def make_model(size_mib: int) -> keras.Model:
+    keras.utils.set_random_seed(0)
+    layers = max(1, round(size_mib * 2**20 / (WIDTH * WIDTH * 4)))
+    width = WIDTH if layers > 1 else int((size_mib * 2**20 / 4) ** 0.5)
+    model = keras.Sequential([keras.Input((width,))] + [keras.layers.Dense(width) for _ in range(layers)])
+    model.compile(optimizer=keras.optimizers.Adam(1e-4), loss="mse")
+    return model
+
+
+def state_bytes(model: keras.Model) -> int:
+    return sum(np.asarray(v).nbytes for v in model.variables + model.optimizer.variables)
+
+
+class EpochTimer(keras.callbacks.Callback):
+    def on_train_begin(self, logs=None):
+        self.times, self.started = [], time.perf_counter()
+
+    def on_epoch_end(self, epoch, logs=None):
+        now = time.perf_counter()
+        self.times.append(now - self.started)
+        self.started = now
+
+
+class TimedCallback(BackupAndRestore):
+    """ckptstore's callback, timing how long each save blocks training."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.blocked: list[float] = []
+        self.written: list[float] = []
+        self.restore_s: float | None = None
+        write = self.checkpointer._write
+
+        def timed_write(*a, **k):
+            started = time.perf_counter()
+            write(*a, **k)
+            self.written.append(time.perf_counter() - started)
+
+        self.checkpointer._write = timed_write
+
+    def _save(self, position, logs):
+        started = time.perf_counter()
+        super()._save(position, logs)
+        self.blocked.append(time.perf_counter() - started)
+
+    def on_train_begin(self, logs=None):
+        started = time.perf_counter()
+        super().on_train_begin(logs)
+        if self.resume_position is not None:
+            self.restore_s = time.perf_counter() - started
+
+
+def run(variant: str, size_mib: int, epochs: int, workdir: str, x: np.ndarray, y: np.ndarray) -> dict:
+    model = make_model(size_mib)
+    model.fit(x[:8], y[:8], batch_size=8, epochs=1, verbose=0)  # build + compile the step outside the timing
+    timer = EpochTimer()
+    callbacks: list = [timer]
+    ours = None
+    if variant == "keras BackupAndRestore":
+        callbacks.insert(0, keras.callbacks.BackupAndRestore(os.path.join(workdir, "keras"), delete_checkpoint=False))
+    elif variant.startswith("ckptstore"):
+        ours = TimedCallback(storage=os.path.join(workdir, "ckptstore"), job="bench", node="n0",
+                             async_save=variant.endswith("async"), delete_checkpoint=False)
+        callbacks.insert(0, ours)
+    model.fit(x, y, batch_size=32, epochs=epochs, verbose=0, callbacks=callbacks)
+    if ours is not None:
+        ours.checkpointer.wait()
+    result = {"epoch_s": timer.times, "final": [np.asarray(v) for v in model.variables]}
+    if ours is not None:
+        result["blocked_s"] = ours.blocked
+        result["write_s"] = ours.written
+        result["state_bytes"] = state_bytes(model)
+        resumed = TimedCallback(storage=os.path.join(workdir, "ckptstore"), job="bench", node="n0",
+                                delete_checkpoint=False)
+        again = make_model(size_mib)
+        again.fit(x[:8], y[:8], batch_size=8, epochs=1, verbose=0)
+        again.fit(x[:32], y[:32], batch_size=32, epochs=epochs + 1, initial_epoch=0, verbose=0, callbacks=[resumed])
+        result["restore_s"] = resumed.restore_s
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", nargs="+", type=int, default=[1024, 100], help="MiB of weights")
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=12, help="batches per epoch")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    variants = ["none", "keras BackupAndRestore", "ckptstore sync", "ckptstore async"]
+    results: dict = {"command": " ".join(["python"] + sys.argv),
+                     "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+                     "sizes": {}}
+    for size in args.sizes:
+        width = make_model(size).input_shape[-1]
+        rng = np.random.default_rng(0)
+        x = rng.standard_normal((32 * args.steps, width)).astype("float32")
+        y = rng.standard_normal((32 * args.steps, width)).astype("float32") * 0.01
+        samples: dict[str, list[dict]] = {v: [] for v in variants}
+        for rep in range(args.reps):
+            for variant in variants[rep % 4:] + variants[:rep % 4]:
+                workdir = tempfile.mkdtemp(prefix="ckptstore-kbench-", dir=os.environ.get("BENCH_DIR"))
+                try:
+                    samples[variant].append(run(variant, size, args.epochs, workdir, x, y))
+                finally:
+                    shutil.rmtree(workdir, ignore_errors=True)
+        baseline_epoch = statistics.median(t for s in samples["none"] for t in s["epoch_s"][1:])
+        rows = {}
+        for variant in variants:
+            epoch = statistics.median(t for s in samples[variant] for t in s["epoch_s"][1:])
+            row = {"epoch_s": epoch, "added_per_epoch_s": epoch - baseline_epoch,
+                   "same_result_as_none": all(a.tobytes() == b.tobytes() for s in samples[variant]
+                                              for a, b in zip(s["final"], samples["none"][0]["final"]))}
+            if variant.startswith("ckptstore"):
+                state = samples[variant][0]["state_bytes"]
+                blocked = statistics.median(b for s in samples[variant] for b in s["blocked_s"])
+                write = statistics.median(w for s in samples[variant] for w in s["write_s"])
+                row |= {"state_GiB": state / 2**30, "blocked_per_save_s": blocked, "write_s": write,
+                        "write_MBps": state / write / 1e6,
+                        "blocked_s_per_GiB": blocked / (state / 2**30),
+                        "restore_s": statistics.median(s["restore_s"] for s in samples[variant])}
+            rows[variant] = row
+        keras_added = rows["keras BackupAndRestore"]["added_per_epoch_s"]
+        for variant in ("ckptstore sync", "ckptstore async"):
+            rows[variant]["added_vs_keras"] = rows[variant]["added_per_epoch_s"] / keras_added if keras_added > 0 else None
+        results["sizes"][size] = {"baseline_epoch_s": baseline_epoch, "rows": rows}
+        print(json.dumps({size: results["sizes"][size]}, indent=1), flush=True)
+    if args.out:
+        with open(args.out, "w") as handle:
+            json.dump(results, handle, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -19,6 +19,7 @@ import os
 import platform
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -26,6 +27,7 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import crc32c  # noqa: E402
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
@@ -101,7 +103,9 @@ def run(variant: str, size_mib: int, epochs: int, workdir: str, x: np.ndarray, y
     model.fit(x, y, batch_size=32, epochs=epochs, verbose=0, callbacks=callbacks)
     if ours is not None:
         ours.checkpointer.wait()
-    result = {"epoch_s": timer.times, "final": [np.asarray(v) for v in model.variables]}
+    # Digests, not copies: keeping every run's final weights would hold GiBs per run.
+    result = {"epoch_s": timer.times, "final": [crc32c.crc32c(np.ascontiguousarray(v)) for v in model.variables]}
+    result["final"] = [int(c) for c in result["final"]]
     if ours is not None:
         result["blocked_s"] = ours.blocked
         result["write_s"] = ours.written
@@ -115,45 +119,59 @@ def run(variant: str, size_mib: int, epochs: int, workdir: str, x: np.ndarray, y
     return result
 
 
+def run_in_subprocess(variant: str, size: int, args: argparse.Namespace) -> dict:
+    """One fit per process: TensorFlow keeps freed memory cached, so runs must not share a process."""
+    command = [sys.executable, __file__, "--one", variant, "--sizes", str(size), "--epochs", str(args.epochs),
+               "--steps", str(args.steps)]
+    output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    return json.loads(output.strip().splitlines()[-1])
+
+
+def run_one(variant: str, size: int, args: argparse.Namespace) -> None:
+    width = make_model(size).input_shape[-1]
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((32 * args.steps, width)).astype("float32")
+    y = rng.standard_normal((32 * args.steps, width)).astype("float32") * 0.01
+    workdir = tempfile.mkdtemp(prefix="ckptstore-kbench-", dir=os.environ.get("BENCH_DIR"))
+    try:
+        print(json.dumps(run(variant, size, args.epochs, workdir, x, y)))
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", nargs="+", type=int, default=[1024, 100], help="MiB of weights")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--steps", type=int, default=12, help="batches per epoch")
+    parser.add_argument("--one", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
+    if args.one:
+        run_one(args.one, args.sizes[0], args)
+        return
     variants = ["none", "keras BackupAndRestore", "ckptstore sync", "ckptstore async"]
     results: dict = {"command": " ".join(["python"] + sys.argv),
                      "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
                      "sizes": {}}
     for size in args.sizes:
-        width = make_model(size).input_shape[-1]
-        rng = np.random.default_rng(0)
-        x = rng.standard_normal((32 * args.steps, width)).astype("float32")
-        y = rng.standard_normal((32 * args.steps, width)).astype("float32") * 0.01
         samples: dict[str, list[dict]] = {v: [] for v in variants}
         for rep in range(args.reps):
             for variant in variants[rep % 4:] + variants[:rep % 4]:
-                workdir = tempfile.mkdtemp(prefix="ckptstore-kbench-", dir=os.environ.get("BENCH_DIR"))
-                try:
-                    samples[variant].append(run(variant, size, args.epochs, workdir, x, y))
-                finally:
-                    shutil.rmtree(workdir, ignore_errors=True)
+                samples[variant].append(run_in_subprocess(variant, size, args))
         baseline_epoch = statistics.median(t for s in samples["none"] for t in s["epoch_s"][1:])
         rows = {}
         for variant in variants:
             epoch = statistics.median(t for s in samples[variant] for t in s["epoch_s"][1:])
             row = {"epoch_s": epoch, "added_per_epoch_s": epoch - baseline_epoch,
-                   "same_result_as_none": all(a.tobytes() == b.tobytes() for s in samples[variant]
-                                              for a, b in zip(s["final"], samples["none"][0]["final"]))}
+                   "same_result_as_none": all(s["final"] == samples["none"][0]["final"] for s in samples[variant])}
             if variant.startswith("ckptstore"):
                 state = samples[variant][0]["state_bytes"]
                 blocked = statistics.median(b for s in samples[variant] for b in s["blocked_s"])
                 write = statistics.median(w for s in samples[variant] for w in s["write_s"])
                 row |= {"state_GiB": state / 2**30, "blocked_per_save_s": blocked, "write_s": write,
-                        "write_MBps": state / write / 1e6,
-                        "blocked_s_per_GiB": blocked / (state / 2**30),
+                        "write_MBps": state / write / 1e6, "blocked_s_per_GiB": blocked / (state / 2**30),
                         "restore_s": statistics.median(s["restore_s"] for s in samples[variant])}
             rows[variant] = row
         keras_added = rows["keras BackupAndRestore"]["added_per_epoch_s"]

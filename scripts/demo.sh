@@ -3,8 +3,6 @@
 # train a small Keras model, kill it mid-epoch, resume from the last good position, stop.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PYTHON="${PYTHON:-$(command -v python3.11 || command -v python3)}"
-[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
-.venv/bin/python -m pip install --quiet --upgrade pip
-.venv/bin/python -m pip install --quiet -e ".[server,tf]"
+source scripts/venv.sh
+ensure_venv "server,tf"
 exec .venv/bin/python scripts/demo.py "$@"

@@ -97,8 +97,13 @@ def run(variant: str, size_mib: int, epochs: int, workdir: str, x: np.ndarray, y
     if variant == "keras BackupAndRestore":
         callbacks.insert(0, keras.callbacks.BackupAndRestore(os.path.join(workdir, "keras"), delete_checkpoint=False))
     elif variant.startswith("ckptstore"):
-        ours = TimedCallback(storage=os.path.join(workdir, "ckptstore"), job="bench", node="n0",
-                             async_save=variant.endswith("async"), delete_checkpoint=False)
+        ours = TimedCallback(
+            storage=os.path.join(workdir, "ckptstore"),
+            job="bench",
+            node="n0",
+            async_save=variant.endswith("async"),
+            delete_checkpoint=False,
+        )
         callbacks.insert(0, ours)
     model.fit(x, y, batch_size=32, epochs=epochs, verbose=0, callbacks=callbacks)
     if ours is not None:
@@ -110,8 +115,9 @@ def run(variant: str, size_mib: int, epochs: int, workdir: str, x: np.ndarray, y
         result["blocked_s"] = ours.blocked
         result["write_s"] = ours.written
         result["state_bytes"] = state_bytes(model)
-        resumed = TimedCallback(storage=os.path.join(workdir, "ckptstore"), job="bench", node="n0",
-                                delete_checkpoint=False)
+        resumed = TimedCallback(
+            storage=os.path.join(workdir, "ckptstore"), job="bench", node="n0", delete_checkpoint=False
+        )
         again = make_model(size_mib)
         again.fit(x[:8], y[:8], batch_size=8, epochs=1, verbose=0)
         again.fit(x[:32], y[:32], batch_size=32, epochs=epochs + 1, initial_epoch=0, verbose=0, callbacks=[resumed])
@@ -121,8 +127,18 @@ def run(variant: str, size_mib: int, epochs: int, workdir: str, x: np.ndarray, y
 
 def run_in_subprocess(variant: str, size: int, args: argparse.Namespace) -> dict:
     """One fit per process: TensorFlow keeps freed memory cached, so runs must not share a process."""
-    command = [sys.executable, __file__, "--one", variant, "--sizes", str(size), "--epochs", str(args.epochs),
-               "--steps", str(args.steps)]
+    command = [
+        sys.executable,
+        __file__,
+        "--one",
+        variant,
+        "--sizes",
+        str(size),
+        "--epochs",
+        str(args.epochs),
+        "--steps",
+        str(args.steps),
+    ]
     output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
     return json.loads(output.strip().splitlines()[-1])
 
@@ -152,31 +168,43 @@ def main() -> None:
         run_one(args.one, args.sizes[0], args)
         return
     variants = ["none", "keras BackupAndRestore", "ckptstore sync", "ckptstore async"]
-    results: dict = {"command": " ".join(["python"] + sys.argv),
-                     "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
-                     "sizes": {}}
+    results: dict = {
+        "command": " ".join(["python"] + sys.argv),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+        "sizes": {},
+    }
     for size in args.sizes:
         samples: dict[str, list[dict]] = {v: [] for v in variants}
         for rep in range(args.reps):
-            for variant in variants[rep % 4:] + variants[:rep % 4]:
+            for variant in variants[rep % 4 :] + variants[: rep % 4]:
                 samples[variant].append(run_in_subprocess(variant, size, args))
         baseline_epoch = statistics.median(t for s in samples["none"] for t in s["epoch_s"][1:])
         rows = {}
         for variant in variants:
             epoch = statistics.median(t for s in samples[variant] for t in s["epoch_s"][1:])
-            row = {"epoch_s": epoch, "added_per_epoch_s": epoch - baseline_epoch,
-                   "same_result_as_none": all(s["final"] == samples["none"][0]["final"] for s in samples[variant])}
+            row = {
+                "epoch_s": epoch,
+                "added_per_epoch_s": epoch - baseline_epoch,
+                "same_result_as_none": all(s["final"] == samples["none"][0]["final"] for s in samples[variant]),
+            }
             if variant.startswith("ckptstore"):
                 state = samples[variant][0]["state_bytes"]
                 blocked = statistics.median(b for s in samples[variant] for b in s["blocked_s"])
                 write = statistics.median(w for s in samples[variant] for w in s["write_s"])
-                row |= {"state_GiB": state / 2**30, "blocked_per_save_s": blocked, "write_s": write,
-                        "write_MBps": state / write / 1e6, "blocked_s_per_GiB": blocked / (state / 2**30),
-                        "restore_s": statistics.median(s["restore_s"] for s in samples[variant])}
+                row |= {
+                    "state_GiB": state / 2**30,
+                    "blocked_per_save_s": blocked,
+                    "write_s": write,
+                    "write_MBps": state / write / 1e6,
+                    "blocked_s_per_GiB": blocked / (state / 2**30),
+                    "restore_s": statistics.median(s["restore_s"] for s in samples[variant]),
+                }
             rows[variant] = row
         keras_added = rows["keras BackupAndRestore"]["added_per_epoch_s"]
         for variant in ("ckptstore sync", "ckptstore async"):
-            rows[variant]["added_vs_keras"] = rows[variant]["added_per_epoch_s"] / keras_added if keras_added > 0 else None
+            rows[variant]["added_vs_keras"] = (
+                rows[variant]["added_per_epoch_s"] / keras_added if keras_added > 0 else None
+            )
         results["sizes"][size] = {"baseline_epoch_s": baseline_epoch, "rows": rows}
         print(json.dumps({size: results["sizes"][size]}, indent=1), flush=True)
     if args.out:

@@ -222,8 +222,13 @@ def random_kills(trials: int) -> dict:
         lifetimes.append(time.perf_counter() - started)
     lifetime = statistics.median(lifetimes)
     reader = Store(root)
-    outcome = {"trials": trials, "committed_intact": 0, "not_committed": 0, "partial_or_corrupt": 0,
-               "child_lifetime_s": lifetime}
+    outcome = {
+        "trials": trials,
+        "committed_intact": 0,
+        "not_committed": 0,
+        "partial_or_corrupt": 0,
+        "child_lifetime_s": lifetime,
+    }
     for trial in range(trials):
         pid = _saving_child(root, arrays, trial)
         time.sleep(random.uniform(0, lifetime * 1.3))
@@ -252,7 +257,8 @@ def start_moto() -> tuple[subprocess.Popen, str]:
         port = sock.getsockname()[1]
     process = subprocess.Popen(
         [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     endpoint = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
@@ -297,14 +303,27 @@ def main() -> None:
         base = tempfile.mkdtemp(prefix="ckptstore-bench-", dir=os.environ.get("BENCH_DIR"))
         counter = iter(range(10**6))
         new_dir = lambda: tempfile.mkdtemp(dir=base, prefix=f"{next(counter)}-")  # noqa: E731
-        results["local"] = {"bytes": size, "tensors": len(arrays), "rows": interleave(
-            local_methods(arrays, shard_size), size, args.reps, new_dir, shutil.rmtree, results["cold_loads"])}
+        results["local"] = {
+            "bytes": size,
+            "tensors": len(arrays),
+            "rows": interleave(
+                local_methods(arrays, shard_size), size, args.reps, new_dir, shutil.rmtree, results["cold_loads"]
+            ),
+        }
         if args.sweep:
             sweep = {}
             for mib in (64, 256, 1024):
-                rows = interleave({"raw fsspec": local_methods(arrays, mib << 20)["raw fsspec"],
-                                   "ckptstore": local_methods(arrays, mib << 20)["ckptstore"]},
-                                  size, 3, new_dir, shutil.rmtree, results["cold_loads"])
+                rows = interleave(
+                    {
+                        "raw fsspec": local_methods(arrays, mib << 20)["raw fsspec"],
+                        "ckptstore": local_methods(arrays, mib << 20)["ckptstore"],
+                    },
+                    size,
+                    3,
+                    new_dir,
+                    shutil.rmtree,
+                    results["cold_loads"],
+                )
                 sweep[mib] = {op: rows[1][op]["ratio_to_raw"] for op in ("save", "load")}
             results["local"]["shard_sweep_ratio_to_raw"] = sweep
         shutil.rmtree(base, ignore_errors=True)
@@ -320,8 +339,12 @@ def main() -> None:
             new_key = lambda: f"run{next(counter)}"  # noqa: E731
             remove = lambda d: storage.fs.rm(f"bench/{d}", recursive=True)  # noqa: E731
             s3_shard = min(shard_size, 64 << 20)
-            results["s3"] = {"bytes": size, "tensors": len(arrays), "shard_MiB": s3_shard >> 20, "rows": interleave(
-                s3_methods(arrays, endpoint, s3_shard, 8), size, args.reps, new_key, remove, False)}
+            results["s3"] = {
+                "bytes": size,
+                "tensors": len(arrays),
+                "shard_MiB": s3_shard >> 20,
+                "rows": interleave(s3_methods(arrays, endpoint, s3_shard, 8), size, args.reps, new_key, remove, False),
+            }
         finally:
             process.terminate()
             process.wait()

@@ -79,25 +79,36 @@ def populate(url: str, jobs: int, nodes: int, epochs: int, root: str) -> float:
     end = 10**10
     with engine.begin() as c:
         sqlite = c.dialect.name == "sqlite"
-        series = ("WITH RECURSIVE s(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM s WHERE i + 1 < {n}) SELECT i FROM s"
-                  if sqlite else "SELECT generate_series(0, {n} - 1) AS i")
+        series = (
+            "WITH RECURSIVE s(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM s WHERE i + 1 < {n}) SELECT i FROM s"
+            if sqlite
+            else "SELECT generate_series(0, {n} - 1) AS i"
+        )
         pad = "printf('%05d', j.i)" if sqlite else "lpad(j.i::text, 5, '0')"
         pad_epoch = "printf('%010d', e.i)" if sqlite else "lpad(e.i::text, 10, '0')"
-        c.execute(text(f"""INSERT INTO jobs (id, name, storage_root, retention, nodes_version, version, last_good_epoch,
+        c.execute(
+            text(f"""INSERT INTO jobs (id, name, storage_root, retention, nodes_version, version, last_good_epoch,
             resume_epoch, resume_batch_key, created_at, updated_at)
             SELECT j.i + 1, 'job-' || {pad}, :root, '{{}}', 1, 1, :last, :last, :end, 0, 0
-            FROM ({series.format(n=jobs)}) j"""), {"root": root, "last": epochs - 1, "end": end})
-        c.execute(text(f"INSERT INTO node_sets (job_id, version, nodes) SELECT id, 1, :nodes FROM jobs"),
-                  {"nodes": node_list})
-        c.execute(text(f"""INSERT INTO positions (job_id, epoch, batch_key, nodes_version, good)
+            FROM ({series.format(n=jobs)}) j"""),
+            {"root": root, "last": epochs - 1, "end": end},
+        )
+        c.execute(
+            text("INSERT INTO node_sets (job_id, version, nodes) SELECT id, 1, :nodes FROM jobs"), {"nodes": node_list}
+        )
+        c.execute(
+            text(f"""INSERT INTO positions (job_id, epoch, batch_key, nodes_version, good)
             SELECT j.id, e.i, :end, 1, :good FROM jobs j CROSS JOIN ({series.format(n=epochs)}) e"""),
-                  {"end": end, "good": True})
-        c.execute(text(f"""INSERT INTO checkpoints (job_id, node, epoch, batch_key, attempt, attempt_number, attempt_suffix,
+            {"end": end, "good": True},
+        )
+        c.execute(
+            text(f"""INSERT INTO checkpoints (job_id, node, epoch, batch_key, attempt, attempt_number, attempt_suffix,
             step, location, bytes, checksums, metrics, state, created_at)
             SELECT j.id, 'n' || n.i, e.i, :end, '1', 1, '', e.i, :root || '/' || j.name || '/n' || n.i || '/' || {pad_epoch} || '/1',
                    1, '{{}}', '{{}}', 'committed', 0
             FROM jobs j CROSS JOIN ({series.format(n=nodes)}) n CROSS JOIN ({series.format(n=epochs)}) e"""),
-                  {"end": end, "root": root})
+            {"end": end, "root": root},
+        )
         if not sqlite:
             c.execute(text("SELECT setval(pg_get_serial_sequence('jobs', 'id'), (SELECT max(id) FROM jobs))"))
     with engine.connect() as c:
@@ -137,8 +148,13 @@ def explain_last_good(url: str, job: str) -> list[str]:
 
 
 def start_service(url: str, port: int, workers: int, root: str) -> subprocess.Popen:
-    env = os.environ | {"CKPTSTORE_DB_URL": url, "CKPTSTORE_PORT": str(port), "CKPTSTORE_WORKERS": str(workers),
-                        "CKPTSTORE_STORAGE": root, "CKPTSTORE_LOG_LEVEL": "warning"}
+    env = os.environ | {
+        "CKPTSTORE_DB_URL": url,
+        "CKPTSTORE_PORT": str(port),
+        "CKPTSTORE_WORKERS": str(workers),
+        "CKPTSTORE_STORAGE": root,
+        "CKPTSTORE_LOG_LEVEL": "warning",
+    }
     process = subprocess.Popen([sys.executable, "-m", "server"], env=env, stdout=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -154,8 +170,12 @@ def start_service(url: str, port: int, workers: int, root: str) -> subprocess.Po
 def run_wrk(port: int, mode: str, duration: int, jobs: int, nodes: int, root: str, salt: int) -> dict:
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
         script.write(WRK_SCRIPT % (jobs, nodes, root, mode, salt, salt % 16))
-    result = subprocess.run(["wrk", "-t1", "-c32", f"-d{duration}s", "--timeout", "5s", "-s", script.name,
-                             f"http://127.0.0.1:{port}/"], capture_output=True, text=True, timeout=duration + 60)
+    result = subprocess.run(
+        ["wrk", "-t1", "-c32", f"-d{duration}s", "--timeout", "5s", "-s", script.name, f"http://127.0.0.1:{port}/"],
+        capture_output=True,
+        text=True,
+        timeout=duration + 60,
+    )
     os.unlink(script.name)
     match = re.search(r"JSON(\{.*\})", result.stdout)
     if not match:
@@ -220,8 +240,13 @@ async def fixed_rate(port: int, rate: int, duration: float, jobs: int, connectio
         queue.put_nowait(-1.0)
     await asyncio.gather(*workers)
     latencies.sort()
-    return {"rate": rate, "requests": len(latencies), "errors": errors,
-            "p50_ms": latencies[len(latencies) // 2] * 1000, "p99_ms": latencies[int(len(latencies) * 0.99)] * 1000}
+    return {
+        "rate": rate,
+        "requests": len(latencies),
+        "errors": errors,
+        "p50_ms": latencies[len(latencies) // 2] * 1000,
+        "p99_ms": latencies[int(len(latencies) * 0.99)] * 1000,
+    }
 
 
 def make_database(kind: str, tmp: str) -> tuple[str, callable]:
@@ -255,9 +280,13 @@ def main() -> None:
         sys.exit("wrk is needed: apt-get install wrk")
     from tests.servers import free_port
 
-    results = {"command": " ".join(["python"] + sys.argv),
-               "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
-               "records": args.jobs * args.nodes * args.epochs, "runs": [], "explain": {}}
+    results = {
+        "command": " ".join(["python"] + sys.argv),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+        "records": args.jobs * args.nodes * args.epochs,
+        "runs": [],
+        "explain": {},
+    }
     for kind in args.db:
         tmp = tempfile.mkdtemp(prefix="ckptstore-svc-bench-")
         root = f"{tmp}/storage"
@@ -276,8 +305,15 @@ def main() -> None:
                     # Reads on the populated DB; the write phases after them change every job's answer.
                     run["fixed_rate"] = asyncio.run(fixed_rate(port, args.rate, args.duration, args.jobs))
                     for salt, mode in enumerate(("last_good", "commit", "mixed")):
-                        run[mode] = run_wrk(port, mode, args.duration, args.jobs, args.nodes, root,
-                                            salt + 10 * workers + (100 if kind == "postgres" else 0))
+                        run[mode] = run_wrk(
+                            port,
+                            mode,
+                            args.duration,
+                            args.jobs,
+                            args.nodes,
+                            root,
+                            salt + 10 * workers + (100 if kind == "postgres" else 0),
+                        )
                     run["last_good_vs_trivial"] = run["last_good"]["rps"] / run["trivial"]["rps"]
                     run["fixed_rate_after_writes"] = asyncio.run(fixed_rate(port, args.rate, args.duration, args.jobs))
                     results["runs"].append(run)
@@ -297,14 +333,20 @@ def main() -> None:
 
 def run_wrk_plain(port: int, duration: int) -> dict:
     """The trivial endpoint: the same stack answering a constant."""
-    script = 'done = function(s, l, r) io.write(string.format("JSON{\\"requests\\":%d,\\"errors\\":%d,' \
-             '\\"status_errors\\":%d,\\"p50_ms\\":%.3f,\\"p99_ms\\":%.3f}\\n", s.requests, s.errors.connect + ' \
-             's.errors.read + s.errors.write + s.errors.timeout, s.errors.status, l:percentile(50) / 1000, ' \
-             'l:percentile(99) / 1000)) end\n'
+    script = (
+        'done = function(s, l, r) io.write(string.format("JSON{\\"requests\\":%d,\\"errors\\":%d,'
+        '\\"status_errors\\":%d,\\"p50_ms\\":%.3f,\\"p99_ms\\":%.3f}\\n", s.requests, s.errors.connect + '
+        "s.errors.read + s.errors.write + s.errors.timeout, s.errors.status, l:percentile(50) / 1000, "
+        "l:percentile(99) / 1000)) end\n"
+    )
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as handle:
         handle.write(script)
-    result = subprocess.run(["wrk", "-t1", "-c32", f"-d{duration}s", "-s", handle.name,
-                             f"http://127.0.0.1:{port}/healthz"], capture_output=True, text=True, timeout=duration + 60)
+    result = subprocess.run(
+        ["wrk", "-t1", "-c32", f"-d{duration}s", "-s", handle.name, f"http://127.0.0.1:{port}/healthz"],
+        capture_output=True,
+        text=True,
+        timeout=duration + 60,
+    )
     os.unlink(handle.name)
     stats = json.loads(re.search(r"JSON(\{.*\})", result.stdout).group(1))
     stats["rps"] = stats["requests"] / duration

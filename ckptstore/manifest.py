@@ -20,8 +20,16 @@ from ckptstore.names import NAME_PATTERN
 from ckptstore.position import POSITION_LIMIT, Position
 from ckptstore.shard import checksum, format_crc, numpy_dtype
 
-__all__ = ["FORMAT_NAME", "FORMAT_VERSION", "MAX_MANIFEST_BYTES", "ShardRecord", "TensorRecord", "Manifest",
-           "ManifestError", "parse_manifest"]
+__all__ = [
+    "FORMAT_NAME",
+    "FORMAT_VERSION",
+    "MAX_MANIFEST_BYTES",
+    "ShardRecord",
+    "TensorRecord",
+    "Manifest",
+    "ManifestError",
+    "parse_manifest",
+]
 
 FORMAT_NAME = "ckptstore.manifest"
 FORMAT_VERSION = 1

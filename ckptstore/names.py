@@ -65,7 +65,9 @@ def validate_attempt(value: object) -> str:
     if isinstance(value, int):
         value = str(value)
     if not isinstance(value, str) or not _ATTEMPT_RE.match(value):
-        raise InvalidNameError(f"invalid attempt {value!r}: expected a positive integer, optionally '-' and 8 hex digits")
+        raise InvalidNameError(
+            f"invalid attempt {value!r}: expected a positive integer, optionally '-' and 8 hex digits"
+        )
     return value
 
 

@@ -15,10 +15,32 @@ from ckptstore.position import POSITION_LIMIT, Position
 from ckptstore.retention import RetentionPolicy
 
 __all__ = [
-    "Name", "AttemptId", "Count", "PositionBody", "RetentionSpec", "JobSpec", "JobInfo", "AttemptRequest",
-    "AttemptInfo", "CommitRequest", "CheckpointRecord", "MarkRequest", "NodeLocation", "NotGood", "LastGood",
-    "HealthReport", "NodeHealth", "ProbeResult", "JobHealth", "StatsReport", "StatsRow", "StatsSummary",
-    "GcDeletion", "GcPlan", "ErrorBody", "CheckpointState",
+    "Name",
+    "AttemptId",
+    "Count",
+    "PositionBody",
+    "RetentionSpec",
+    "JobSpec",
+    "JobInfo",
+    "AttemptRequest",
+    "AttemptInfo",
+    "CommitRequest",
+    "CheckpointRecord",
+    "MarkRequest",
+    "NodeLocation",
+    "NotGood",
+    "LastGood",
+    "HealthReport",
+    "NodeHealth",
+    "ProbeResult",
+    "JobHealth",
+    "StatsReport",
+    "StatsRow",
+    "StatsSummary",
+    "GcDeletion",
+    "GcPlan",
+    "ErrorBody",
+    "CheckpointState",
 ]
 
 Name = Annotated[str, Field(min_length=1, max_length=128), AfterValidator(validate_name)]
@@ -223,6 +245,8 @@ class GcPlan(BaseModel):
 
 
 class ErrorBody(BaseModel):
-    error: Literal["invalid", "not_found", "conflict", "fenced", "unauthorized", "forbidden", "too_large", "unavailable"]
+    error: Literal[
+        "invalid", "not_found", "conflict", "fenced", "unauthorized", "forbidden", "too_large", "unavailable"
+    ]
     detail: str
     extra: dict[str, Any] | None = None

@@ -170,8 +170,3 @@ def iter_shard_chunks(plan: ShardPlan, arrays: Mapping[str, np.ndarray]) -> Iter
     yield None, memoryview(plan.header)
     for slot in plan.slots:
         yield slot.name, tensor_view(arrays[slot.name])
-
-
-def parse_header(data: bytes) -> dict:
-    """Parse a safetensors header (without the 8-byte length prefix)."""
-    return json.loads(data)

@@ -175,7 +175,8 @@ class Storage:
         fetched = self.fs.cat(paths, on_error="return", batch_size=concurrency)
         by_path = {self.fs._strip_protocol(p): v for p, v in fetched.items()}
         return {
-            r: checked(r, by_path.get(self.fs._strip_protocol(p), FileNotFoundError(p))) for r, p in zip(relpaths, paths)
+            r: checked(r, by_path.get(self.fs._strip_protocol(p), FileNotFoundError(p)))
+            for r, p in zip(relpaths, paths)
         }
 
     def read_ranges(self, relpaths: Sequence[str], starts: Sequence[int], ends: Sequence[int]) -> list[bytes]:

@@ -46,10 +46,6 @@ DEFAULT_CONCURRENCY = 4
 Buffer = bytes | np.ndarray
 
 
-def _crc_field(value: int) -> str:
-    return f"crc32c:{format_crc(value)}"
-
-
 class Store:
     """Checkpoints of many jobs and nodes under one storage root (any fsspec URL)."""
 
@@ -108,7 +104,9 @@ class Store:
             attempt = self.next_attempt(job, node)
         key = checkpoint_key(job, node, position, attempt)
         if self._storage.size(f"{key}/{MANIFEST_NAME}") is not None:
-            raise CommitConflictError(f"{job}/{node} {position} attempt {attempt} is already committed at {self.url}/{key}")
+            raise CommitConflictError(
+                f"{job}/{node} {position} attempt {attempt} is already committed at {self.url}/{key}"
+            )
         plans = plan_shards(prepared, self.shard_size)
         self._storage.make_prefix(key)
         try:
@@ -272,7 +270,9 @@ class Store:
             def check(relpath: str, blob: Buffer) -> None:
                 problem = _shard_problem(shards[relpath], blob, manifest)
                 if problem is not None:
-                    raise CorruptCheckpointError(f"{problem.detail} in {location}", location=location, file=problem.file)
+                    raise CorruptCheckpointError(
+                        f"{problem.detail} in {location}", location=location, file=problem.file
+                    )
 
             blobs = self._storage.read_objects(list(shards), concurrency=self.concurrency, check=check)
             for relpath, shard in shards.items():
@@ -297,7 +297,9 @@ class Store:
         parts: list[bytes] = [b""] * len(wanted)
         try:
             fetched = self._storage.read_ranges(
-                [f"{key}/{files[i]}" for i in ranged], [wanted[i].begin for i in ranged], [wanted[i].end for i in ranged]
+                [f"{key}/{files[i]}" for i in ranged],
+                [wanted[i].begin for i in ranged],
+                [wanted[i].end for i in ranged],
             )
         except FileNotFoundError as exc:
             raise CorruptCheckpointError(f"a shard of {location} is missing: {exc}", location=location) from exc

@@ -47,8 +47,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ckptstore", description="Checkpoint store for ML training.")
     commands = parser.add_subparsers(dest="command", required=True)
-    serve = commands.add_parser("serve", help="run the metadata service (see `ckptstore serve --help`)",
-                                add_help=False)
+    serve = commands.add_parser("serve", help="run the metadata service (see `ckptstore serve --help`)", add_help=False)
     serve.add_argument("serve_args", nargs=argparse.REMAINDER)
     serve.set_defaults(run=cmd_serve)
     inspect = commands.add_parser("inspect", help="show a checkpoint's manifest: tensors, shapes, dtypes, sizes")

@@ -42,11 +42,25 @@ class BackupAndRestore(keras.callbacks.Callback):
     With an int `save_freq` an end-of-epoch checkpoint is taken too, so a last good epoch exists.
     """
 
-    def __init__(self, backup_dir: str | None = None, save_freq: str | int = "epoch", double_checkpoint: bool = False,
-                 delete_checkpoint: bool = True, *, service: str | None = None, storage: str | None = None,
-                 job: str | None = None, node: str | None = None, storage_options: dict[str, Any] | None = None,
-                 token: str | None = None, on_error: OnError = "warn", async_save: bool = True,
-                 max_to_keep: int | None = None, strict: bool = True, preemption_budget_s: float = 30.0):
+    def __init__(
+        self,
+        backup_dir: str | None = None,
+        save_freq: str | int = "epoch",
+        double_checkpoint: bool = False,
+        delete_checkpoint: bool = True,
+        *,
+        service: str | None = None,
+        storage: str | None = None,
+        job: str | None = None,
+        node: str | None = None,
+        storage_options: dict[str, Any] | None = None,
+        token: str | None = None,
+        on_error: OnError = "warn",
+        async_save: bool = True,
+        max_to_keep: int | None = None,
+        strict: bool = True,
+        preemption_budget_s: float = 30.0,
+    ):
         super().__init__()
         if save_freq != "epoch" and (isinstance(save_freq, bool) or not isinstance(save_freq, int) or save_freq < 1):
             raise ValueError(f"save_freq must be 'epoch' or a positive integer, got {save_freq!r}")
@@ -58,9 +72,15 @@ class BackupAndRestore(keras.callbacks.Callback):
         self.delete_checkpoint = delete_checkpoint
         self.strict = strict
         self.checkpointer = NodeCheckpointer(
-            job=job or os.environ.get("CKPTSTORE_JOB", "keras"), storage=storage,
-            service=service or os.environ.get("CKPTSTORE_URL"), node=node, storage_options=storage_options,
-            token=token, on_error=on_error, async_save=async_save, keep_last=max_to_keep,
+            job=job or os.environ.get("CKPTSTORE_JOB", "keras"),
+            storage=storage,
+            service=service or os.environ.get("CKPTSTORE_URL"),
+            node=node,
+            storage_options=storage_options,
+            token=token,
+            on_error=on_error,
+            async_save=async_save,
+            keep_last=max_to_keep,
         )
         self.resume_position: Position | None = None
         self.preemption = PreemptionNotice(preemption_budget_s)
@@ -87,8 +107,9 @@ class BackupAndRestore(keras.callbacks.Callback):
         objects = self._objects()
         _build_optimizers(objects)
         arrays = self.checkpointer.load(position)
-        saved = self.checkpointer.store.manifest(self.checkpointer.job, self.checkpointer.node, position.epoch,
-                                                 batch=position.batch).metadata.get("variables")
+        saved = self.checkpointer.store.manifest(
+            self.checkpointer.job, self.checkpointer.node, position.epoch, batch=position.batch
+        ).metadata.get("variables")
         restore_arrays(collect_variables(objects), arrays, strict=self.strict, saved=saved)
         if position.is_end_of_epoch:
             self.model._initial_epoch = position.epoch + 1
@@ -112,8 +133,13 @@ class BackupAndRestore(keras.callbacks.Callback):
         per_call = int(getattr(model, "steps_per_execution", 1) or 1)
         calls, remainder = divmod(batches, per_call)
         if remainder:
-            log.warning("resume position %d is not a multiple of steps_per_execution=%d: the last %d batch(es) "
-                        "before it are trained again", batches, per_call, remainder)
+            log.warning(
+                "resume position %d is not a multiple of steps_per_execution=%d: the last %d batch(es) "
+                "before it are trained again",
+                batches,
+                per_call,
+                remainder,
+            )
         if calls == 0:
             return
         original = model.train_function
@@ -161,7 +187,9 @@ class BackupAndRestore(keras.callbacks.Callback):
         arrays = snapshot(variables, self._staging)
         metrics = {k: float(v) for k, v in (logs or {}).items() if np.ndim(v) == 0 and np.isfinite(float(v))}
         step = int(np.asarray(self.model.optimizer.iterations)) if self.model.optimizer is not None else None
-        self.checkpointer.save(position, arrays, step=step, metrics=metrics, metadata={"variables": describe(variables)})
+        self.checkpointer.save(
+            position, arrays, step=step, metrics=metrics, metadata={"variables": describe(variables)}
+        )
 
     def on_train_end(self, logs: dict | None = None) -> None:
         self.preemption.uninstall()

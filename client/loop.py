@@ -1,11 +1,11 @@
 """`CheckpointManager` for custom training loops (TF 2 / Keras 3 objects).
 
-    mgr = CheckpointManager(service=..., storage=..., job="gan",
-                            objects={"model": model, "optimizer": opt}, max_to_keep=3)
-    start = mgr.restore_or_initialize()          # next epoch to run (0 on a fresh job)
-    for epoch in range(start, EPOCHS):
-        train_one_epoch()
-        mgr.save(epoch)                           # async by default; mgr.wait() blocks
+mgr = CheckpointManager(service=..., storage=..., job="gan",
+                        objects={"model": model, "optimizer": opt}, max_to_keep=3)
+start = mgr.restore_or_initialize()          # next epoch to run (0 on a fresh job)
+for epoch in range(start, EPOCHS):
+    train_one_epoch()
+    mgr.save(epoch)                           # async by default; mgr.wait() blocks
 """
 
 from __future__ import annotations
@@ -39,19 +39,36 @@ class CheckpointManager:
     `strict=False` restores what matches and reports the rest in `restore_report`.
     """
 
-    def __init__(self, *, job: str, objects: Mapping[str, Any], storage: str | None = None,
-                 service: str | None = None, node: str | None = None, max_to_keep: int | None = None,
-                 async_save: bool = True, on_error: OnError = "warn", strict: bool = True,
-                 storage_options: dict[str, Any] | None = None, token: str | None = None,
-                 preemption_budget_s: float = 30.0):
+    def __init__(
+        self,
+        *,
+        job: str,
+        objects: Mapping[str, Any],
+        storage: str | None = None,
+        service: str | None = None,
+        node: str | None = None,
+        max_to_keep: int | None = None,
+        async_save: bool = True,
+        on_error: OnError = "warn",
+        strict: bool = True,
+        storage_options: dict[str, Any] | None = None,
+        token: str | None = None,
+        preemption_budget_s: float = 30.0,
+    ):
         storage = storage or os.environ.get("CKPTSTORE_STORAGE")
         if not storage:
             raise ValueError("no storage: pass storage= or set CKPTSTORE_STORAGE")
         self.objects = dict(objects)
         self.strict = strict
         self.checkpointer = NodeCheckpointer(
-            job=job, storage=storage, service=service or os.environ.get("CKPTSTORE_URL"), node=node,
-            storage_options=storage_options, token=token, on_error=on_error, async_save=async_save,
+            job=job,
+            storage=storage,
+            service=service or os.environ.get("CKPTSTORE_URL"),
+            node=node,
+            storage_options=storage_options,
+            token=token,
+            on_error=on_error,
+            async_save=async_save,
             keep_last=max_to_keep,
         )
         self.resume_position: Position | None = None
@@ -77,16 +94,28 @@ class CheckpointManager:
         position = self.resume_position
         return position.epoch + 1 if position.is_end_of_epoch else position.epoch
 
-    def save(self, epoch: int, *, batch: int | None = None, step: int | None = None,
-             metrics: Mapping[str, float] | None = None, metadata: Mapping[str, Any] | None = None) -> None:
+    def save(
+        self,
+        epoch: int,
+        *,
+        batch: int | None = None,
+        step: int | None = None,
+        metrics: Mapping[str, float] | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> None:
         """Checkpoint the objects at (epoch, batch); returns once they are copied to host memory."""
         if not self.checkpointer.writes:
             return
         self.checkpointer.wait()
         variables = collect_variables(self.objects)
         arrays = snapshot(variables, self._staging)
-        self.checkpointer.save(Position(epoch, batch), arrays, step=step, metrics=metrics,
-                               metadata={"variables": describe(variables), **(metadata or {})})
+        self.checkpointer.save(
+            Position(epoch, batch),
+            arrays,
+            step=step,
+            metrics=metrics,
+            metadata={"variables": describe(variables), **(metadata or {})},
+        )
 
     def checkpoint_if_preempted(self, epoch: int, batch: int) -> None:
         """Call between batches: after a SIGTERM, save (epoch, batch) and exit as SIGTERM would."""

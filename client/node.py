@@ -120,8 +120,15 @@ class NodeCheckpointer:
 
     # -- save ----------------------------------------------------------------------------------
 
-    def save(self, position: Position, arrays: Mapping[str, np.ndarray], *, step: int | None = None,
-             metadata: Mapping[str, Any] | None = None, metrics: Mapping[str, float] | None = None) -> None:
+    def save(
+        self,
+        position: Position,
+        arrays: Mapping[str, np.ndarray],
+        *,
+        step: int | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        metrics: Mapping[str, float] | None = None,
+    ) -> None:
         """Save `arrays` at `position` (in the background when async); the arrays must stay unchanged until then.
 
         A process that is not the chief saves nothing (under MultiWorkerMirroredStrategy the chief writes).
@@ -158,12 +165,26 @@ class NodeCheckpointer:
             log.warning("checkpoint save skipped (%s); training continues", exc)
             self._report_health()
 
-    def _write(self, position: Position, arrays: Mapping[str, np.ndarray], step: int | None,
-               metadata: dict[str, Any], metrics: dict[str, float]) -> None:
+    def _write(
+        self,
+        position: Position,
+        arrays: Mapping[str, np.ndarray],
+        step: int | None,
+        metadata: dict[str, Any],
+        metrics: dict[str, float],
+    ) -> None:
         started = time.perf_counter()
         try:
-            ref = self.store.save(self.job, self.node, position.epoch, arrays, attempt=self.attempt,
-                                  batch=position.batch, step=step, metadata=metadata | {"metrics": metrics})
+            ref = self.store.save(
+                self.job,
+                self.node,
+                position.epoch,
+                arrays,
+                attempt=self.attempt,
+                batch=position.batch,
+                step=step,
+                metadata=metadata | {"metrics": metrics},
+            )
         except (CkptStoreError, OSError):
             raise
         except Exception as exc:  # backend errors (botocore, aiohttp…) mean: storage not usable now
@@ -210,8 +231,14 @@ class NodeCheckpointer:
             except CheckpointNotFoundError:
                 pass
             try:
-                self.client.mark(self.job, self.node, position, "deleted", attempt=deletion.attempt,
-                                 reason=f"retention: {deletion.reason}")
+                self.client.mark(
+                    self.job,
+                    self.node,
+                    position,
+                    "deleted",
+                    attempt=deletion.attempt,
+                    reason=f"retention: {deletion.reason}",
+                )
             except ServiceError as exc:
                 log.info("could not mark %s deleted: %s", position, exc)
 

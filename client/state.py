@@ -67,8 +67,13 @@ def describe(variables: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     return {key: {"path": _path(v), "shape": list(v.shape), "dtype": str(_dtype(v))} for key, v in variables.items()}
 
 
-def restore_arrays(variables: Mapping[str, Any], arrays: Mapping[str, np.ndarray], *, strict: bool = True,
-                   saved: Mapping[str, dict[str, Any]] | None = None) -> RestoreReport:
+def restore_arrays(
+    variables: Mapping[str, Any],
+    arrays: Mapping[str, np.ndarray],
+    *,
+    strict: bool = True,
+    saved: Mapping[str, dict[str, Any]] | None = None,
+) -> RestoreReport:
     """Assign arrays to variables by key, after checking every shape and dtype.
 
     strict=True raises StateMismatchError naming each mismatch before assigning anything;
@@ -84,8 +89,10 @@ def restore_arrays(variables: Mapping[str, Any], arrays: Mapping[str, np.ndarray
         want_shape, want_dtype = tuple(variable.shape), _dtype(variable)
         if tuple(array.shape) != want_shape or array.dtype != want_dtype:
             was = (saved or {}).get(key, {}).get("path", "?")
-            report.mismatched.append(f"{key}: variable {_path(variable)} is {want_shape} {want_dtype}, "
-                                     f"checkpoint has {tuple(array.shape)} {array.dtype} (saved from {was})")
+            report.mismatched.append(
+                f"{key}: variable {_path(variable)} is {want_shape} {want_dtype}, "
+                f"checkpoint has {tuple(array.shape)} {array.dtype} (saved from {was})"
+            )
             continue
         plan.append((key, variable, array))
     report.unexpected = sorted(set(arrays) - set(variables))

@@ -34,17 +34,27 @@ def train(service: str, storage: str, kill_at: tuple[int, int] | None) -> None:
     rng = np.random.default_rng(0)
     x = rng.standard_normal((512, 32)).astype("float32")
     y = (x @ rng.standard_normal((32, 1))).astype("float32")
-    model = keras.Sequential([keras.Input((32,)), keras.layers.Dense(64, activation="relu"),
-                              keras.layers.Dropout(0.2), keras.layers.Dense(1)])
+    model = keras.Sequential(
+        [
+            keras.Input((32,)),
+            keras.layers.Dense(64, activation="relu"),
+            keras.layers.Dropout(0.2),
+            keras.layers.Dense(1),
+        ]
+    )
     model.compile(optimizer="adam", loss="mse")
-    backup = BackupAndRestore(service=service, storage=storage, job=JOB, node="worker-0", save_freq=4,
-                              delete_checkpoint=False)
+    backup = BackupAndRestore(
+        service=service, storage=storage, job=JOB, node="worker-0", save_freq=4, delete_checkpoint=False
+    )
 
     class Report(keras.callbacks.Callback):
         def on_train_begin(self, logs=None):
             where = backup.resume_position
-            print(f"[train] {'fresh start' if where is None else f'resumed from {where}'} "
-                  f"(attempt {backup.checkpointer.attempt})", flush=True)
+            print(
+                f"[train] {'fresh start' if where is None else f'resumed from {where}'} "
+                f"(attempt {backup.checkpointer.attempt})",
+                flush=True,
+            )
 
         def on_epoch_end(self, epoch, logs=None):
             print(f"[train] epoch {epoch} done, loss {logs['loss']:.4f}", flush=True)
@@ -76,8 +86,12 @@ def main() -> None:
     storage = os.path.join(work, "checkpoints")
     port = free_port()
     service = f"http://127.0.0.1:{port}"
-    env = os.environ | {"CKPTSTORE_DB_URL": f"sqlite:///{work}/ckptstore.db", "CKPTSTORE_STORAGE": storage,
-                        "CKPTSTORE_PORT": str(port), "CKPTSTORE_LOG_LEVEL": "warning"}
+    env = os.environ | {
+        "CKPTSTORE_DB_URL": f"sqlite:///{work}/ckptstore.db",
+        "CKPTSTORE_STORAGE": storage,
+        "CKPTSTORE_PORT": str(port),
+        "CKPTSTORE_LOG_LEVEL": "warning",
+    }
     print(f"[demo] starting the service on {service} (SQLite: {work}/ckptstore.db, storage: {storage})")
     server = subprocess.Popen([sys.executable, "-m", "server"], env=env)
     try:

@@ -16,8 +16,14 @@ from server.migrate import migrate
 from server.settings import Settings
 
 FLAGS = {
-    "--host": "host", "--port": "port", "--workers": "workers", "--db-url": "db_url", "--storage": "storage",
-    "--storage-roots": "storage_roots", "--trusted-hosts": "trusted_hosts", "--log-level": "log_level",
+    "--host": "host",
+    "--port": "port",
+    "--workers": "workers",
+    "--db-url": "db_url",
+    "--storage": "storage",
+    "--storage-roots": "storage_roots",
+    "--trusted-hosts": "trusted_hosts",
+    "--log-level": "log_level",
 }
 
 
@@ -39,8 +45,15 @@ def main(argv: list[str] | None = None) -> int:
     migrate(settings.database_url)
     os.environ.setdefault("CKPTSTORE_DB_URL", settings.database_url)
     uvicorn.run(
-        "server.app:app_factory", factory=True, host=settings.host, port=settings.port, workers=settings.workers,
-        loop="uvloop", http="httptools", log_level=settings.log_level.lower(), access_log=False,
+        "server.app:app_factory",
+        factory=True,
+        host=settings.host,
+        port=settings.port,
+        workers=settings.workers,
+        loop="uvloop",
+        http="httptools",
+        log_level=settings.log_level.lower(),
+        access_log=False,
     )
     return 0
 

@@ -88,8 +88,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         finally:
             app.state.db.dispose()
 
-    app = FastAPI(title="ckptstore", version="0.1.0", lifespan=lifespan,
-                  description="Per-job, per-node checkpoint records, last good epoch, storage health and stats.")
+    app = FastAPI(
+        title="ckptstore",
+        version="0.1.0",
+        lifespan=lifespan,
+        description="Per-job, per-node checkpoint records, last good epoch, storage health and stats.",
+    )
     app.state.settings = settings
     for router in ROUTERS:
         app.include_router(router)

@@ -5,8 +5,16 @@ from __future__ import annotations
 __all__ = ["ApiError", "STATUS_CODES", "COMMON_ERRORS", "error_responses"]
 
 STATUS_CODES = {
-    400: "invalid", 401: "unauthorized", 403: "forbidden", 404: "not_found", 405: "invalid", 409: "conflict",
-    413: "too_large", 415: "invalid", 422: "invalid", 503: "unavailable",
+    400: "invalid",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "invalid",
+    409: "conflict",
+    413: "too_large",
+    415: "invalid",
+    422: "invalid",
+    503: "unavailable",
 }
 
 

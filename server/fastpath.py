@@ -35,8 +35,13 @@ class LastGoodFastPath:
             if body is not None:
                 METRICS.last_good_queries.inc()
                 scope["ckptstore_route"] = LAST_GOOD_ROUTE
-                await send({"type": "http.response.start", "status": 200,
-                            "headers": _HEADERS + [(b"content-length", str(len(body)).encode())]})
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 200,
+                        "headers": _HEADERS + [(b"content-length", str(len(body)).encode())],
+                    }
+                )
                 await send({"type": "http.response.body", "body": body})
                 return
         await self.app(scope, receive, send)

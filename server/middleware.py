@@ -46,8 +46,9 @@ class TokenAuth:
             if name == b"authorization" and value[:7].lower() == b"bearer ":
                 supplied = value[7:].strip()
         if not hmac.compare_digest(supplied, self.token):
-            await send_error(send, 401, "unauthorized", "a valid bearer token is required",
-                             {"WWW-Authenticate": "Bearer"})
+            await send_error(
+                send, 401, "unauthorized", "a valid bearer token is required", {"WWW-Authenticate": "Bearer"}
+            )
             return
         await self.app(scope, receive, send)
 
@@ -120,5 +121,8 @@ class RequestMetrics:
             METRICS.requests.labels(scope["method"], template, str(status)).inc()
             METRICS.latency.labels(scope["method"], template).observe(elapsed)
             if log.isEnabledFor(logging.INFO):
-                log.info(json.dumps({"method": scope["method"], "route": template, "status": status,
-                                     "ms": round(elapsed * 1000, 2)}))
+                log.info(
+                    json.dumps(
+                        {"method": scope["method"], "route": template, "status": status, "ms": round(elapsed * 1000, 2)}
+                    )
+                )

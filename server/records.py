@@ -35,8 +35,20 @@ from server.models import END_OF_EPOCH, Attempt, Checkpoint, Job, NodeSet, Posit
 from server.settings import root_is_allowed
 
 __all__ = [
-    "find_job", "lock_job", "put_job", "job_info", "expected_nodes", "start_attempt", "list_attempts",
-    "commit_checkpoint", "mark_checkpoint", "list_checkpoints", "last_good", "gc_plan", "delete_job", "attempt_info",
+    "find_job",
+    "lock_job",
+    "put_job",
+    "job_info",
+    "expected_nodes",
+    "start_attempt",
+    "list_attempts",
+    "commit_checkpoint",
+    "mark_checkpoint",
+    "list_checkpoints",
+    "last_good",
+    "gc_plan",
+    "delete_job",
+    "attempt_info",
     "NOT_GOOD_LIMIT",
 ]
 
@@ -81,7 +93,9 @@ def job_info(session: Session, job: Job) -> JobInfo:
     )
 
 
-def put_job(session: Session, name: str, spec: JobSpec, *, default_root: str, allowed_roots: list[str]) -> tuple[Job, bool]:
+def put_job(
+    session: Session, name: str, spec: JobSpec, *, default_root: str, allowed_roots: list[str]
+) -> tuple[Job, bool]:
     """Declare or update a job; a changed node set applies to positions first written after it."""
     root = (spec.storage_root or default_root).rstrip("/") or "/"
     if not root_is_allowed(root, allowed_roots):
@@ -90,8 +104,15 @@ def put_job(session: Session, name: str, spec: JobSpec, *, default_root: str, al
     job = session.scalar(select(Job).where(Job.name == name).with_for_update())
     created = job is None
     if created:
-        job = Job(name=name, storage_root=root, retention=spec.retention.model_dump(), nodes_version=1, version=1,
-                  created_at=now, updated_at=now)
+        job = Job(
+            name=name,
+            storage_root=root,
+            retention=spec.retention.model_dump(),
+            nodes_version=1,
+            version=1,
+            created_at=now,
+            updated_at=now,
+        )
         session.add(job)
         session.flush()
         session.add(NodeSet(job_id=job.id, version=1, nodes=list(spec.nodes)))
@@ -137,8 +158,9 @@ def attempt_info(job: Job, attempt: Attempt) -> AttemptInfo:
     resumed = None
     if attempt.resumed_epoch is not None:
         resumed = PositionBody(epoch=attempt.resumed_epoch, batch=batch_of(attempt.resumed_batch_key))
-    return AttemptInfo(job=job.name, node=attempt.node, attempt=attempt.number, resumed_from=resumed,
-                       started_at=attempt.started_at)
+    return AttemptInfo(
+        job=job.name, node=attempt.node, attempt=attempt.number, resumed_from=resumed, started_at=attempt.started_at
+    )
 
 
 def list_attempts(session: Session, job: Job, *, node: str | None = None) -> list[AttemptInfo]:
@@ -150,9 +172,18 @@ def list_attempts(session: Session, job: Job, *, node: str | None = None) -> lis
 
 def _record(job: Job, row: Checkpoint) -> CheckpointRecord:
     return CheckpointRecord(
-        job=job.name, node=row.node, epoch=row.epoch, batch=batch_of(row.batch_key), attempt=row.attempt,
-        step=row.step, location=row.location, bytes=row.bytes, checksums=row.checksums, metrics=row.metrics,
-        state=row.state, created_at=row.created_at,
+        job=job.name,
+        node=row.node,
+        epoch=row.epoch,
+        batch=batch_of(row.batch_key),
+        attempt=row.attempt,
+        step=row.step,
+        location=row.location,
+        bytes=row.bytes,
+        checksums=row.checksums,
+        metrics=row.metrics,
+        state=row.state,
+        created_at=row.created_at,
     )
 
 
@@ -169,30 +200,52 @@ def commit_checkpoint(session: Session, job: Job, node: str, body: CommitRequest
         select(func.max(Attempt.number)).where(Attempt.job_id == job.id, Attempt.node == node)
     )
     if newest_registered is not None and (number, suffix) < (newest_registered, ""):
-        raise ApiError(409, "fenced", f"attempt {attempt} of {node} is fenced: attempt {newest_registered} started since")
+        raise ApiError(
+            409, "fenced", f"attempt {attempt} of {node} is fenced: attempt {newest_registered} started since"
+        )
     key = batch_key(position.batch)
     existing = session.scalar(
         select(Checkpoint).where(
-            Checkpoint.job_id == job.id, Checkpoint.node == node, Checkpoint.epoch == position.epoch,
-            Checkpoint.batch_key == key, Checkpoint.attempt == attempt,
+            Checkpoint.job_id == job.id,
+            Checkpoint.node == node,
+            Checkpoint.epoch == position.epoch,
+            Checkpoint.batch_key == key,
+            Checkpoint.attempt == attempt,
         )
     )
     if existing is not None:
         same = (existing.location, existing.bytes, existing.checksums, existing.step) == (
-            body.location, body.bytes, body.checksums, body.step
+            body.location,
+            body.bytes,
+            body.checksums,
+            body.step,
         )
         if not same:
-            raise ApiError(409, "conflict", f"attempt {attempt} of {node} already committed {position} with other content")
+            raise ApiError(
+                409, "conflict", f"attempt {attempt} of {node} already committed {position} with other content"
+            )
         return _record(job, existing), False
     row = Checkpoint(
-        job_id=job.id, node=node, epoch=position.epoch, batch_key=key, attempt=attempt, attempt_number=number,
-        attempt_suffix=suffix, step=body.step, location=body.location, bytes=body.bytes, checksums=body.checksums,
-        metrics=body.metrics, state="committed", created_at=time.time(),
+        job_id=job.id,
+        node=node,
+        epoch=position.epoch,
+        batch_key=key,
+        attempt=attempt,
+        attempt_number=number,
+        attempt_suffix=suffix,
+        step=body.step,
+        location=body.location,
+        bytes=body.bytes,
+        checksums=body.checksums,
+        metrics=body.metrics,
+        state="committed",
+        created_at=time.time(),
     )
     session.add(row)
     if session.get(PositionRow, (job.id, position.epoch, key)) is None:
-        session.add(PositionRow(job_id=job.id, epoch=position.epoch, batch_key=key, nodes_version=job.nodes_version,
-                                good=False))
+        session.add(
+            PositionRow(job_id=job.id, epoch=position.epoch, batch_key=key, nodes_version=job.nodes_version, good=False)
+        )
     session.flush()
     _judge_position(session, job, position.epoch, key)
     job.version += 1
@@ -202,8 +255,16 @@ def commit_checkpoint(session: Session, job: Job, node: str, body: CommitRequest
 def mark_checkpoint(session: Session, job: Job, node: str, body: MarkRequest) -> list[CheckpointRecord]:
     """Mark one attempt (default: the newest) of a node's position corrupt or deleted; demotes the position."""
     key = batch_key(body.batch)
-    rows = list(session.scalars(select(Checkpoint).where(
-        Checkpoint.job_id == job.id, Checkpoint.node == node, Checkpoint.epoch == body.epoch, Checkpoint.batch_key == key)))
+    rows = list(
+        session.scalars(
+            select(Checkpoint).where(
+                Checkpoint.job_id == job.id,
+                Checkpoint.node == node,
+                Checkpoint.epoch == body.epoch,
+                Checkpoint.batch_key == key,
+            )
+        )
+    )
     if body.attempt is not None:
         rows = [r for r in rows if r.attempt == str(body.attempt)]
     elif rows:
@@ -219,17 +280,25 @@ def mark_checkpoint(session: Session, job: Job, node: str, body: MarkRequest) ->
     return [_record(job, r) for r in rows]
 
 
-def _heads_at(session: Session, job: Job, positions: list[tuple[int, int]]) -> dict[tuple[int, int], dict[str, Checkpoint]]:
+def _heads_at(
+    session: Session, job: Job, positions: list[tuple[int, int]]
+) -> dict[tuple[int, int], dict[str, Checkpoint]]:
     """Each node's newest attempt (the one that counts) at each of `positions` (epoch, batch_key), in one query."""
     heads: dict[tuple[int, int], dict[str, Checkpoint]] = {p: {} for p in positions}
     if not positions:
         return heads
-    rows = session.scalars(select(Checkpoint).where(
-        Checkpoint.job_id == job.id, tuple_(Checkpoint.epoch, Checkpoint.batch_key).in_(positions)))
+    rows = session.scalars(
+        select(Checkpoint).where(
+            Checkpoint.job_id == job.id, tuple_(Checkpoint.epoch, Checkpoint.batch_key).in_(positions)
+        )
+    )
     for row in rows:
         at = heads[(row.epoch, row.batch_key)]
         current = at.get(row.node)
-        if current is None or (row.attempt_number, row.attempt_suffix) > (current.attempt_number, current.attempt_suffix):
+        if current is None or (row.attempt_number, row.attempt_suffix) > (
+            current.attempt_number,
+            current.attempt_suffix,
+        ):
             at[row.node] = row
     return heads
 
@@ -241,7 +310,9 @@ def _heads(session: Session, job: Job, epoch: int, key: int) -> dict[str, Checkp
 def _judge_position(session: Session, job: Job, epoch: int, key: int) -> None:
     position = session.get(PositionRow, (job.id, epoch, key))
     heads = _heads(session, job, epoch, key)
-    good = all(n in heads and heads[n].state == "committed" for n in expected_nodes(session, job, position.nodes_version))
+    good = all(
+        n in heads and heads[n].state == "committed" for n in expected_nodes(session, job, position.nodes_version)
+    )
     if good == position.good:
         return
     position.good = good
@@ -250,7 +321,9 @@ def _judge_position(session: Session, job: Job, epoch: int, key: int) -> None:
 
 
 def _newest_good(session: Session, job: Job, *, end_of_epoch: bool, max_epoch: int | None = None) -> Position | None:
-    query = select(PositionRow.epoch, PositionRow.batch_key).where(PositionRow.job_id == job.id, PositionRow.good.is_(True))
+    query = select(PositionRow.epoch, PositionRow.batch_key).where(
+        PositionRow.job_id == job.id, PositionRow.good.is_(True)
+    )
     if end_of_epoch:
         query = query.where(PositionRow.batch_key == END_OF_EPOCH)
     if max_epoch is not None:
@@ -273,7 +346,10 @@ def last_good(session: Session, job: Job, *, max_epoch: int | None = None) -> La
         epoch, resume = job.last_good_epoch, _resume(job)
     else:
         last = _newest_good(session, job, end_of_epoch=True, max_epoch=max_epoch)
-        epoch, resume = (None if last is None else last.epoch), _newest_good(session, job, end_of_epoch=False, max_epoch=max_epoch)
+        epoch, resume = (
+            (None if last is None else last.epoch),
+            _newest_good(session, job, end_of_epoch=False, max_epoch=max_epoch),
+        )
     nodes = {}
     if resume is not None:
         for node, head in sorted(_heads(session, job, resume.epoch, batch_key(resume.batch)).items()):
@@ -284,16 +360,21 @@ def last_good(session: Session, job: Job, *, max_epoch: int | None = None) -> La
     if max_epoch is not None:
         newer = newer.where(PositionRow.epoch <= max_epoch)
     not_good = []
-    rows = list(session.scalars(newer.order_by(PositionRow.epoch.desc(), PositionRow.batch_key.desc()).limit(NOT_GOOD_LIMIT)))
+    rows = list(
+        session.scalars(newer.order_by(PositionRow.epoch.desc(), PositionRow.batch_key.desc()).limit(NOT_GOOD_LIMIT))
+    )
     heads_by_position = _heads_at(session, job, [(row.epoch, row.batch_key) for row in rows])
     for row in rows:
         heads = heads_by_position[(row.epoch, row.batch_key)]
         expected = expected_nodes(session, job, row.nodes_version)
-        not_good.append(NotGood(
-            epoch=row.epoch, batch=batch_of(row.batch_key),
-            missing=[n for n in expected if n not in heads or heads[n].state == "deleted"],
-            corrupt=[n for n in expected if n in heads and heads[n].state == "corrupt"],
-        ))
+        not_good.append(
+            NotGood(
+                epoch=row.epoch,
+                batch=batch_of(row.batch_key),
+                missing=[n for n in expected if n not in heads or heads[n].state == "deleted"],
+                corrupt=[n for n in expected if n in heads and heads[n].state == "corrupt"],
+            )
+        )
     return LastGood(job=job.name, epoch=epoch, resume=PositionBody.of(resume), nodes=nodes, not_good=not_good)
 
 
@@ -304,8 +385,17 @@ def list_checkpoints(
     for column, value in ((Checkpoint.node, node), (Checkpoint.epoch, epoch), (Checkpoint.state, state)):
         if value is not None:
             query = query.where(column == value)
-    query = query.order_by(Checkpoint.epoch, Checkpoint.batch_key, Checkpoint.node, Checkpoint.attempt_number,
-                           Checkpoint.attempt_suffix).limit(limit).offset(offset)
+    query = (
+        query.order_by(
+            Checkpoint.epoch,
+            Checkpoint.batch_key,
+            Checkpoint.node,
+            Checkpoint.attempt_number,
+            Checkpoint.attempt_suffix,
+        )
+        .limit(limit)
+        .offset(offset)
+    )
     return [_record(job, row) for row in session.scalars(query)]
 
 
@@ -313,23 +403,41 @@ def gc_plan(session: Session, job: Job, *, now: float) -> GcPlan:
     """Apply the job's retention policy to its live records and the DB's knowledge of good positions."""
     policy = RetentionSpec.model_validate(job.retention).to_policy()
     rows = list(session.scalars(select(Checkpoint).where(Checkpoint.job_id == job.id, Checkpoint.state != "deleted")))
-    good = {Position(r.epoch, batch_of(r.batch_key)) for r in session.execute(
-        select(PositionRow.epoch, PositionRow.batch_key).where(PositionRow.job_id == job.id, PositionRow.good.is_(True)))}
+    good = {
+        Position(r.epoch, batch_of(r.batch_key))
+        for r in session.execute(
+            select(PositionRow.epoch, PositionRow.batch_key).where(
+                PositionRow.job_id == job.id, PositionRow.good.is_(True)
+            )
+        )
+    }
     candidates = [
-        Candidate(node=r.node, position=Position(r.epoch, batch_of(r.batch_key)), attempt=r.attempt,
-                  committed=r.state == "committed", modified=r.created_at,
-                  metric=r.metrics.get(policy.best_metric) if policy.best_metric else None)
+        Candidate(
+            node=r.node,
+            position=Position(r.epoch, batch_of(r.batch_key)),
+            attempt=r.attempt,
+            committed=r.state == "committed",
+            modified=r.created_at,
+            metric=r.metrics.get(policy.best_metric) if policy.best_metric else None,
+        )
         for r in rows
     ]
     # Corrupt records count as not committed: they go with their position, or after the grace period.
     locations = {(r.node, r.epoch, r.batch_key, r.attempt): r.location for r in rows}
     deletions = [
-        GcDeletion(node=d.node, epoch=d.position.epoch, batch=d.position.batch, attempt=d.attempt,
-                   location=locations[(d.node, d.position.epoch, batch_key(d.position.batch), d.attempt)], reason=d.reason)
+        GcDeletion(
+            node=d.node,
+            epoch=d.position.epoch,
+            batch=d.position.batch,
+            attempt=d.attempt,
+            location=locations[(d.node, d.position.epoch, batch_key(d.position.batch), d.attempt)],
+            reason=d.reason,
+        )
         for d in plan_deletions(candidates, good=good, policy=policy, now=now)
     ]
-    return GcPlan(job=job.name, last_good_epoch=job.last_good_epoch, resume=PositionBody.of(_resume(job)),
-                  deletions=deletions)
+    return GcPlan(
+        job=job.name, last_good_epoch=job.last_good_epoch, resume=PositionBody.of(_resume(job)), deletions=deletions
+    )
 
 
 def delete_job(session: Session, job: Job) -> None:

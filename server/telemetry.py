@@ -17,8 +17,14 @@ __all__ = ["report_health", "job_health", "add_stat", "stats_summary"]
 def _node_health(node: str, row: Health | None, stale_after: float, now: float) -> NodeHealth:
     if row is None:
         return NodeHealth(node=node, cp_accessible=None, latency_ms=None, error=None, reported_at=None, stale=True)
-    return NodeHealth(node=node, cp_accessible=row.cp_accessible, latency_ms=row.latency_ms, error=row.error,
-                      reported_at=row.reported_at, stale=now - row.reported_at > stale_after)
+    return NodeHealth(
+        node=node,
+        cp_accessible=row.cp_accessible,
+        latency_ms=row.latency_ms,
+        error=row.error,
+        reported_at=row.reported_at,
+        stale=now - row.reported_at > stale_after,
+    )
 
 
 def report_health(session: Session, job: Job, node: str, body: HealthReport, *, stale_after: float) -> NodeHealth:
@@ -39,8 +45,16 @@ def job_health(session: Session, job: Job, nodes: list[str], *, stale_after: flo
 
 
 def add_stat(session: Session, job: Job, body: StatsReport) -> None:
-    session.add(Stat(job_id=job.id, node=body.node, action=body.action, seconds=body.seconds, bytes=body.bytes,
-                     created_at=time.time()))
+    session.add(
+        Stat(
+            job_id=job.id,
+            node=body.node,
+            action=body.action,
+            seconds=body.seconds,
+            bytes=body.bytes,
+            created_at=time.time(),
+        )
+    )
 
 
 def _percentile(ordered: list[float], fraction: float) -> float:
@@ -57,7 +71,16 @@ def stats_summary(session: Session, job: Job) -> StatsSummary:
     rows = []
     for (action, node), samples in sorted(groups.items()):
         ordered = sorted(s for s, _ in samples)
-        rows.append(StatsRow(action=action, node=node, count=len(ordered), mean=sum(ordered) / len(ordered),
-                             p50=_percentile(ordered, 0.5), p95=_percentile(ordered, 0.95), max=ordered[-1],
-                             bytes=sum(b for _, b in samples)))
+        rows.append(
+            StatsRow(
+                action=action,
+                node=node,
+                count=len(ordered),
+                mean=sum(ordered) / len(ordered),
+                p50=_percentile(ordered, 0.5),
+                p95=_percentile(ordered, 0.95),
+                max=ordered[-1],
+                bytes=sum(b for _, b in samples),
+            )
+        )
     return StatsSummary(job=job.name, rows=rows)

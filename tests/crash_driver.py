@@ -21,7 +21,13 @@ from ckptstore.storage import Storage
 JOB, NODE = "crash", "node-0"
 SHARD_SIZE = 64 << 10
 PHASES = ("after_shards", "mid_shard", "before_rename", "after_rename", "mid_delete")
-COMMITTED_AFTER = {"after_shards": False, "mid_shard": False, "before_rename": False, "after_rename": True, "mid_delete": False}
+COMMITTED_AFTER = {
+    "after_shards": False,
+    "mid_shard": False,
+    "before_rename": False,
+    "after_rename": True,
+    "mid_delete": False,
+}
 
 
 def arrays_for(epoch: int) -> dict[str, np.ndarray]:
@@ -50,6 +56,7 @@ def arm(phase: str, trial: int) -> None:
 
         Storage.write_object = counted
     elif phase == "mid_shard":
+
         def partial(self, relpath, chunks):
             def cut():
                 for index, chunk in enumerate(chunks):
@@ -69,7 +76,14 @@ def arm(phase: str, trial: int) -> None:
 
 
 def run(root: str, phase: str, trials: int) -> dict:
-    summary = {"phase": phase, "trials": trials, "killed": 0, "partial_listed": 0, "bad_loads": 0, "wrong_commit_state": 0}
+    summary = {
+        "phase": phase,
+        "trials": trials,
+        "killed": 0,
+        "partial_listed": 0,
+        "bad_loads": 0,
+        "wrong_commit_state": 0,
+    }
     for trial in range(trials):
         if phase == "mid_delete":
             Store(root, shard_size=SHARD_SIZE).save(JOB, NODE, trial, arrays_for(trial), attempt=1)

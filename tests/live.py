@@ -39,8 +39,9 @@ class LiveService:
         migrate(settings.database_url)
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(create_app(settings), host="127.0.0.1", port=self.port, log_level="warning",
-                                lifespan="on")
+        config = uvicorn.Config(
+            create_app(settings), host="127.0.0.1", port=self.port, log_level="warning", lifespan="on"
+        )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
@@ -64,8 +65,12 @@ def postgres_available() -> bool:
     for version in versions:
         subprocess.run(["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "start"], capture_output=True)
     try:
-        wait_for(lambda: subprocess.run(["pg_isready", "-h", "127.0.0.1"], capture_output=True).returncode == 0,
-                 timeout=30, interval=0.2, what="PostgreSQL")
+        wait_for(
+            lambda: subprocess.run(["pg_isready", "-h", "127.0.0.1"], capture_output=True).returncode == 0,
+            timeout=30,
+            interval=0.2,
+            what="PostgreSQL",
+        )
     except TimeoutError:
         return False
     return True

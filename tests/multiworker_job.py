@@ -13,10 +13,17 @@ import json
 import os
 import sys
 
-index, ports, storage, service, job, epochs = (int(sys.argv[1]), sys.argv[2].split(","), sys.argv[3], sys.argv[4],
-                                               sys.argv[5], int(sys.argv[6]))
-os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]},
-                                      "task": {"type": "worker", "index": index}})
+index, ports, storage, service, job, epochs = (
+    int(sys.argv[1]),
+    sys.argv[2].split(","),
+    sys.argv[3],
+    sys.argv[4],
+    sys.argv[5],
+    int(sys.argv[6]),
+)
+os.environ["TF_CONFIG"] = json.dumps(
+    {"cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]}, "task": {"type": "worker", "index": index}}
+)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import keras  # noqa: E402
@@ -32,8 +39,9 @@ with strategy.scope():
     optimizer = keras.optimizers.SGD(0.01)
     optimizer.build(model.trainable_variables)
 
-manager = CheckpointManager(storage=storage, service=service, job=job,
-                            objects={"model": model, "optimizer": optimizer}, async_save=False)
+manager = CheckpointManager(
+    storage=storage, service=service, job=job, objects={"model": model, "optimizer": optimizer}, async_save=False
+)
 start = manager.restore_or_initialize()
 position = manager.resume_position
 print("FRESH" if position is None else f"RESUMED {position.epoch} {position.batch}", flush=True)
@@ -51,6 +59,7 @@ def step(batch):
             loss = tf.reduce_mean((model(xb, training=True) - yb) ** 2)
         grads = tape.gradient(loss, model.trainable_variables)
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
+
     strategy.run(replica_step, args=batch)
 
 

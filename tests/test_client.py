@@ -31,12 +31,28 @@ STATE = {"w": np.arange(1000, dtype=np.float32), "b": np.ones(10, dtype=np.float
     ("env", "node", "chief", "checkpoint_node"),
     [
         ({"CKPTSTORE_NODE": "trainer-7"}, "trainer-7", True, "trainer-7"),
-        ({"TF_CONFIG": json.dumps({"cluster": {"worker": ["a", "b"]}, "task": {"type": "worker", "index": 0}})},
-         "worker-0", True, "worker-0"),
-        ({"TF_CONFIG": json.dumps({"cluster": {"worker": ["a", "b"]}, "task": {"type": "worker", "index": 1}})},
-         "worker-1", False, "worker-0"),
-        ({"TF_CONFIG": json.dumps({"cluster": {"chief": ["c"], "worker": ["a"]}, "task": {"type": "worker", "index": 0}})},
-         "worker-0", False, "chief-0"),
+        (
+            {"TF_CONFIG": json.dumps({"cluster": {"worker": ["a", "b"]}, "task": {"type": "worker", "index": 0}})},
+            "worker-0",
+            True,
+            "worker-0",
+        ),
+        (
+            {"TF_CONFIG": json.dumps({"cluster": {"worker": ["a", "b"]}, "task": {"type": "worker", "index": 1}})},
+            "worker-1",
+            False,
+            "worker-0",
+        ),
+        (
+            {
+                "TF_CONFIG": json.dumps(
+                    {"cluster": {"chief": ["c"], "worker": ["a"]}, "task": {"type": "worker", "index": 0}}
+                )
+            },
+            "worker-0",
+            False,
+            "chief-0",
+        ),
         ({"JOB_COMPLETION_INDEX": "3"}, "node-3", False, "node-3"),
         ({"RANK": "0"}, "node-0", True, "node-0"),
         ({"SLURM_PROCID": "2"}, "node-2", False, "node-2"),
@@ -84,8 +100,9 @@ def test_service_down_mid_training_commits_are_reposted_when_it_returns(tmp_path
     port = free_port()
     settings = Settings(db_url=f"sqlite:///{tmp_path}/db.sqlite", storage=str(tmp_path / "storage"))
     live = LiveService(settings, port=port)
-    node = NodeCheckpointer(job="outage", storage=str(tmp_path / "storage"), service=live.url, node="n0",
-                            async_save=False)
+    node = NodeCheckpointer(
+        job="outage", storage=str(tmp_path / "storage"), service=live.url, node="n0", async_save=False
+    )
     node.client.retries, node.client.backoff = 2, 0.01
     assert node.start() is None
     node.save(Position(0), STATE)
@@ -111,10 +128,14 @@ def test_service_down_mid_training_commits_are_reposted_when_it_returns(tmp_path
 def test_storage_down_skips_saves_reports_health_and_training_goes_on(tmp_path, sqlite_service, caplog):
     moto = MotoS3()
     job = f"storage-down-{uuid.uuid4().hex[:6]}"
-    node = NodeCheckpointer(job=job, storage=f"s3://{moto.bucket}/{job}", service=sqlite_service.live.url,
-                            node="n0", async_save=True,
-                            storage_options=dict(moto.options, config_kwargs={"retries": {"max_attempts": 1},
-                                                                              "connect_timeout": 1}))
+    node = NodeCheckpointer(
+        job=job,
+        storage=f"s3://{moto.bucket}/{job}",
+        service=sqlite_service.live.url,
+        node="n0",
+        async_save=True,
+        storage_options=dict(moto.options, config_kwargs={"retries": {"max_attempts": 1}, "connect_timeout": 1}),
+    )
     with ServiceClient(sqlite_service.live.url) as client:
         client.put_job(job, ["n0"], storage_root=f"s3://{moto.bucket}/{job}")
     try:
@@ -137,8 +158,9 @@ def test_storage_down_skips_saves_reports_health_and_training_goes_on(tmp_path, 
 
 def test_a_zombie_attempt_is_fenced_and_stops_whatever_on_error_says(tmp_path, sqlite_service):
     job = f"fence-{uuid.uuid4().hex[:6]}"
-    zombie = NodeCheckpointer(job=job, storage=sqlite_service.storage, service=sqlite_service.live.url, node="n0",
-                              on_error="warn")
+    zombie = NodeCheckpointer(
+        job=job, storage=sqlite_service.storage, service=sqlite_service.live.url, node="n0", on_error="warn"
+    )
     zombie.start()
     zombie.save(Position(0), STATE)
     zombie.wait()

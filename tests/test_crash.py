@@ -20,7 +20,10 @@ KILLS_PER_PHASE = 20
 def test_a_kill_at_any_phase_never_shows_a_partial_checkpoint(tmp_path, phase):
     result = subprocess.run(
         [sys.executable, "-m", "tests.crash_driver", str(tmp_path), phase, str(KILLS_PER_PHASE)],
-        capture_output=True, text=True, timeout=240, cwd=os.path.dirname(os.path.dirname(__file__)),
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=os.path.dirname(os.path.dirname(__file__)),
     )
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout)

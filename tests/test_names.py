@@ -9,8 +9,31 @@ from ckptstore import InvalidNameError, Position, Store
 from ckptstore.names import validate_attempt, validate_name
 
 BAD_NAMES = [
-    "..", ".", "a/..", "../etc", "a/b", "a\\b", "%2e%2e", "%252e%252e", "%25252e%25252e", "job%2Fx", "a..b",
-    "", "a\x00b", "x" * 129, "-lead", ".hidden", "a#b", "a?b", "a b", "é", "/abs", "C:\\x", None, 5, b"job",
+    "..",
+    ".",
+    "a/..",
+    "../etc",
+    "a/b",
+    "a\\b",
+    "%2e%2e",
+    "%252e%252e",
+    "%25252e%25252e",
+    "job%2Fx",
+    "a..b",
+    "",
+    "a\x00b",
+    "x" * 129,
+    "-lead",
+    ".hidden",
+    "a#b",
+    "a?b",
+    "a b",
+    "é",
+    "/abs",
+    "C:\\x",
+    None,
+    5,
+    b"job",
 ]
 
 
@@ -31,7 +54,9 @@ def test_bad_attempts_are_refused(attempt):
         validate_attempt(attempt)
 
 
-@pytest.mark.parametrize(("epoch", "batch"), [(-1, None), (10**10, None), (0, -1), (0, 10**10), (True, None), (1.0, None)])
+@pytest.mark.parametrize(
+    ("epoch", "batch"), [(-1, None), (10**10, None), (0, -1), (0, 10**10), (True, None), (1.0, None)]
+)
 def test_bad_positions_are_refused(epoch, batch):
     with pytest.raises(InvalidNameError):
         Position(epoch, batch)

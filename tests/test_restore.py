@@ -16,15 +16,23 @@ from client.state import StateMismatchError  # noqa: E402
 
 
 def model(width: int, dtype: str = "float32") -> keras.Model:
-    m = keras.Sequential([keras.Input((4,)), keras.layers.Dense(width, dtype=dtype), keras.layers.Dense(1, dtype=dtype)])
+    m = keras.Sequential(
+        [keras.Input((4,)), keras.layers.Dense(width, dtype=dtype), keras.layers.Dense(1, dtype=dtype)]
+    )
     m.compile(optimizer="adam", loss="mse")
     m.fit(np.ones((8, 4), "float32"), np.ones((8, 1), "float32"), verbose=0, epochs=1)
     return m
 
 
 def manager(tmp_path, job: str, m: keras.Model, **kwargs) -> CheckpointManager:
-    return CheckpointManager(storage=str(tmp_path), job=job, node="n0",
-                             objects={"model": m, "optimizer": m.optimizer}, async_save=False, **kwargs)
+    return CheckpointManager(
+        storage=str(tmp_path),
+        job=job,
+        node="n0",
+        objects={"model": m, "optimizer": m.optimizer},
+        async_save=False,
+        **kwargs,
+    )
 
 
 def test_a_mismatched_model_gets_an_error_naming_the_variable_and_both_shapes(tmp_path):
@@ -32,8 +40,11 @@ def test_a_mismatched_model_gets_an_error_naming_the_variable_and_both_shapes(tm
     with manager(tmp_path, "mismatch", saved) as mgr:
         mgr.restore_or_initialize()
         mgr.save(0)
-    with pytest.raises(StateMismatchError, match=r"model/00000: variable .*kernel.* is \(4, 16\) float32, "
-                                                 r"checkpoint has \(4, 8\) float32"):
+    with pytest.raises(
+        StateMismatchError,
+        match=r"model/00000: variable .*kernel.* is \(4, 16\) float32, "
+        r"checkpoint has \(4, 8\) float32",
+    ):
         manager(tmp_path, "mismatch", model(16)).restore_or_initialize()
 
 

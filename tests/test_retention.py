@@ -96,7 +96,13 @@ def test_superseded_attempts_and_leftovers_go_only_after_the_grace_period():
 
 
 def test_policy_is_validated():
-    for bad in (dict(keep_last=0), dict(keep_every=-1), dict(keep_best=2), dict(best_metric="x"), dict(grace_seconds=-1)):
+    for bad in (
+        dict(keep_last=0),
+        dict(keep_every=-1),
+        dict(keep_best=2),
+        dict(best_metric="x"),
+        dict(grace_seconds=-1),
+    ):
         with pytest.raises(ValueError):
             RetentionPolicy(**bad)
 
@@ -110,7 +116,9 @@ def test_policy_is_validated():
 def test_never_deletes_the_protected_range_or_part_of_a_kept_position(entries, keep_last, keep_every):
     candidates = [Candidate(n, Position(e, b), "1", True, OLD) for e, b, n in set(entries)]
     good = good_positions(candidates, NODES)
-    plan = plan_deletions(candidates, good=good, policy=RetentionPolicy(keep_last=keep_last, keep_every=keep_every), now=NOW)
+    plan = plan_deletions(
+        candidates, good=good, policy=RetentionPolicy(keep_last=keep_last, keep_every=keep_every), now=NOW
+    )
     boundary = protected_from(good)
     doomed = {d.position for d in plan}
     for d in plan:

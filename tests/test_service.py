@@ -5,7 +5,6 @@ from __future__ import annotations
 import concurrent.futures
 import itertools
 
-import pytest
 
 from ckptstore.layout import checkpoint_location
 from ckptstore.position import Position
@@ -21,15 +20,21 @@ def declare(client, service, job, nodes=NODES, **extra):
 
 def commit_body(service, job, node, epoch, batch=None, attempt=1, **extra):
     return {
-        "epoch": epoch, "batch": batch, "attempt": attempt, "step": epoch * 10,
+        "epoch": epoch,
+        "batch": batch,
+        "attempt": attempt,
+        "step": epoch * 10,
         "location": checkpoint_location(service.storage, job, node, Position(epoch, batch), attempt),
-        "bytes": 100, "checksums": {"tensors-00000.safetensors": "crc32c:0000abcd"}, **extra,
+        "bytes": 100,
+        "checksums": {"tensors-00000.safetensors": "crc32c:0000abcd"},
+        **extra,
     }
 
 
 def commit(client, service, job, node, epoch, batch=None, attempt=1, expect=201, **extra):
-    response = client.post(f"/v1/jobs/{job}/nodes/{node}/checkpoints",
-                           json=commit_body(service, job, node, epoch, batch, attempt, **extra))
+    response = client.post(
+        f"/v1/jobs/{job}/nodes/{node}/checkpoints", json=commit_body(service, job, node, epoch, batch, attempt, **extra)
+    )
     assert response.status_code == expect, response.text
     return response.json()
 
@@ -42,7 +47,10 @@ def last_good(client, job, **params):
 
 def test_job_lifecycle(service, job_name):
     with service.client() as client:
-        assert client.put(f"/v1/jobs/{job_name}", json={"nodes": ["a"], "storage_root": service.storage}).status_code == 201
+        assert (
+            client.put(f"/v1/jobs/{job_name}", json={"nodes": ["a"], "storage_root": service.storage}).status_code
+            == 201
+        )
         updated = client.put(f"/v1/jobs/{job_name}", json={"nodes": ["a", "b"], "retention": {"keep_last": 2}})
         assert updated.status_code == 200 and updated.json()["nodes"] == ["a", "b"]
         assert updated.json()["retention"]["keep_last"] == 2
@@ -71,7 +79,7 @@ def test_a_position_is_good_only_when_every_expected_node_committed(service, job
 def test_out_of_order_commits_and_mid_epoch_positions(service, job_name):
     with service.client() as client:
         declare(client, service, job_name)
-        for node in NODES:                       # epoch 2 arrives before epoch 1
+        for node in NODES:  # epoch 2 arrives before epoch 1
             commit(client, service, job_name, node, 2)
         for node in NODES[:2]:
             commit(client, service, job_name, node, 1)
@@ -92,8 +100,10 @@ def test_a_corrupt_mark_demotes_the_position(service, job_name):
         declare(client, service, job_name)
         for epoch, node in itertools.product((0, 1), NODES):
             commit(client, service, job_name, node, epoch)
-        marked = client.post(f"/v1/jobs/{job_name}/nodes/n1/checkpoints/mark",
-                             json={"epoch": 1, "state": "corrupt", "reason": "verify: checksum mismatch"})
+        marked = client.post(
+            f"/v1/jobs/{job_name}/nodes/n1/checkpoints/mark",
+            json={"epoch": 1, "state": "corrupt", "reason": "verify: checksum mismatch"},
+        )
         assert marked.status_code == 200 and marked.json()[0]["state"] == "corrupt"
         answer = last_good(client, job_name)
         assert answer["epoch"] == 0
@@ -109,14 +119,16 @@ def test_changing_the_node_set_applies_to_positions_written_after(service, job_n
         declare(client, service, job_name)
         for node in NODES:
             commit(client, service, job_name, node, 0)
-        commit(client, service, job_name, "n0", 1)           # epoch 1 begins under the 3-node set
+        commit(client, service, job_name, "n0", 1)  # epoch 1 begins under the 3-node set
         declare(client, service, job_name, nodes=["n0", "n1"])
         commit(client, service, job_name, "n1", 1)
         assert last_good(client, job_name)["epoch"] == 0, "epoch 1 still needs n2 (written before the change)"
         commit(client, service, job_name, "n0", 2)
         commit(client, service, job_name, "n1", 2)
         assert last_good(client, job_name)["epoch"] == 2
-        rejected = client.post(f"/v1/jobs/{job_name}/nodes/n2/checkpoints", json=commit_body(service, job_name, "n2", 3))
+        rejected = client.post(
+            f"/v1/jobs/{job_name}/nodes/n2/checkpoints", json=commit_body(service, job_name, "n2", 3)
+        )
         assert rejected.status_code == 422, "n2 is no longer an expected node"
 
 
@@ -127,8 +139,10 @@ def test_attempts_fencing_idempotency_and_conflicts(service, job_name):
         assert first.status_code == 201 and first.json()["attempt"] == 1
         commit(client, service, job_name, "n0", 0, attempt=1)
         commit(client, service, job_name, "n0", 0, attempt=1, expect=200)  # identical re-post
-        conflict = client.post(f"/v1/jobs/{job_name}/nodes/n0/checkpoints",
-                               json=commit_body(service, job_name, "n0", 0, attempt=1, bytes=999))
+        conflict = client.post(
+            f"/v1/jobs/{job_name}/nodes/n0/checkpoints",
+            json=commit_body(service, job_name, "n0", 0, attempt=1, bytes=999),
+        )
         assert conflict.status_code == 409 and conflict.json()["error"] == "conflict"
         second = client.post(f"/v1/jobs/{job_name}/nodes/n0/attempts", json={"resumed_from": {"epoch": 0}})
         assert second.json()["attempt"] == 2
@@ -162,8 +176,9 @@ def test_concurrent_committers_lose_nothing_and_duplicate_nothing(service, job_n
     def post(item):
         node, epoch = item
         with service.client() as client:
-            response = client.post(f"/v1/jobs/{job_name}/nodes/{node}/checkpoints",
-                                   json=commit_body(service, job_name, node, epoch))
+            response = client.post(
+                f"/v1/jobs/{job_name}/nodes/{node}/checkpoints", json=commit_body(service, job_name, node, epoch)
+            )
             return response.status_code
 
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
@@ -178,8 +193,10 @@ def test_concurrent_committers_lose_nothing_and_duplicate_nothing(service, job_n
 def test_health_reports_staleness_and_probe(service, job_name, tmp_path):
     with service.client() as client:
         declare(client, service, job_name, nodes=["n0", "n1"])
-        put = client.put(f"/v1/jobs/{job_name}/nodes/n0/health",
-                         json={"cp_accessible": False, "latency_ms": None, "error": "timeout"})
+        put = client.put(
+            f"/v1/jobs/{job_name}/nodes/n0/health",
+            json={"cp_accessible": False, "latency_ms": None, "error": "timeout"},
+        )
         assert put.status_code == 200 and put.json()["stale"] is False
         health = client.get(f"/v1/jobs/{job_name}/health").json()
         by_node = {n["node"]: n for n in health["nodes"]}
@@ -194,12 +211,23 @@ def test_stats_summary(service, job_name):
     with service.client() as client:
         declare(client, service, job_name, nodes=["n0"])
         for seconds in (1.0, 2.0, 3.0, 4.0, 10.0):
-            response = client.post(f"/v1/jobs/{job_name}/stats",
-                                   json={"node": "n0", "action": "save", "seconds": seconds, "bytes": 100})
+            response = client.post(
+                f"/v1/jobs/{job_name}/stats", json={"node": "n0", "action": "save", "seconds": seconds, "bytes": 100}
+            )
             assert response.status_code == 204
         rows = client.get(f"/v1/jobs/{job_name}/stats").json()["rows"]
-        assert rows == [{"action": "save", "node": "n0", "count": 5, "mean": 4.0, "p50": 3.0, "p95": 10.0,
-                         "max": 10.0, "bytes": 500}]
+        assert rows == [
+            {
+                "action": "save",
+                "node": "n0",
+                "count": 5,
+                "mean": 4.0,
+                "p50": 3.0,
+                "p95": 10.0,
+                "max": 10.0,
+                "bytes": 500,
+            }
+        ]
 
 
 def test_gc_plan_never_touches_the_protected_range(service, job_name):
@@ -211,9 +239,11 @@ def test_gc_plan_never_touches_the_protected_range(service, job_name):
         plan = client.get(f"/v1/jobs/{job_name}/gc-plan").json()
         assert plan["last_good_epoch"] == 4
         assert sorted({(d["epoch"], d["node"]) for d in plan["deletions"]}) == sorted(
-            itertools.product(range(3), NODES))
-        assert all(d["reason"] == "retention" and d["location"].endswith(f"/{d['epoch']:010d}/1")
-                   for d in plan["deletions"])
+            itertools.product(range(3), NODES)
+        )
+        assert all(
+            d["reason"] == "retention" and d["location"].endswith(f"/{d['epoch']:010d}/1") for d in plan["deletions"]
+        )
 
 
 def test_operations_endpoints(service):

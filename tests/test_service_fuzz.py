@@ -25,8 +25,9 @@ def test_no_server_errors_and_answers_match_the_schema(sqlite_service):
     assert len(operations) >= 15, "every route of the API is fuzzed"
     for operation in operations:
 
-        @settings(max_examples=EXAMPLES_PER_OPERATION, deadline=None, suppress_health_check=list(HealthCheck),
-                  database=None)
+        @settings(
+            max_examples=EXAMPLES_PER_OPERATION, deadline=None, suppress_health_check=list(HealthCheck), database=None
+        )
         @given(case=operation.as_strategy())
         def call(case):
             case.call_and_validate(base_url=sqlite_service.live.url, checks=CHECKS)

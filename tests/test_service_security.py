@@ -49,8 +49,20 @@ def test_bad_node_sets_are_refused(service, job_name, nodes):
 
 @pytest.mark.parametrize(
     "change",
-    [{"epoch": -1}, {"epoch": 10**10}, {"batch": -3}, {"batch": 10**10}, {"epoch": True}, {"epoch": "1"},
-     {"epoch": 1.5}, {"attempt": 0}, {"attempt": "../1"}, {"bytes": -1}, {"unknown": 1}, {"location": ""}],
+    [
+        {"epoch": -1},
+        {"epoch": 10**10},
+        {"batch": -3},
+        {"batch": 10**10},
+        {"epoch": True},
+        {"epoch": "1"},
+        {"epoch": 1.5},
+        {"attempt": 0},
+        {"attempt": "../1"},
+        {"bytes": -1},
+        {"unknown": 1},
+        {"location": ""},
+    ],
     ids=repr,
 )
 def test_bad_commit_bodies_are_refused_and_change_nothing(service, job_name, change):
@@ -85,9 +97,18 @@ def test_malformed_and_oversized_bodies(service, job_name):
 
 @pytest.mark.parametrize(
     ("root", "allowed"),
-    [("s3://ckpt-evil", False), ("s3://ckpt-evil/x", False), ("s3://ckpt/runs", True), ("s3://ckpt", True),
-     ("s3://ckpt/../other", False), ("gs://ckpt/runs", False), ("file:///etc", False), ("/etc", False),
-     ("s3://ckpt/%2e%2e/x", False), ("S3://ckpt/a", True)],
+    [
+        ("s3://ckpt-evil", False),
+        ("s3://ckpt-evil/x", False),
+        ("s3://ckpt/runs", True),
+        ("s3://ckpt", True),
+        ("s3://ckpt/../other", False),
+        ("gs://ckpt/runs", False),
+        ("file:///etc", False),
+        ("/etc", False),
+        ("s3://ckpt/%2e%2e/x", False),
+        ("S3://ckpt/a", True),
+    ],
 )
 def test_storage_roots_must_lie_under_an_allowed_root(service, job_name, root, allowed):
     with service.client() as client:
@@ -142,8 +163,10 @@ def test_sqlite_pragmas_hold_on_every_pooled_connection(tmp_path):
     connections = [database.engine.connect() for _ in range(4)]
     try:
         for connection in connections:
-            read = {name: connection.exec_driver_sql(f"PRAGMA {name}").scalar() for name in
-                    ("journal_mode", "synchronous", "busy_timeout", "foreign_keys")}
+            read = {
+                name: connection.exec_driver_sql(f"PRAGMA {name}").scalar()
+                for name in ("journal_mode", "synchronous", "busy_timeout", "foreign_keys")
+            }
             assert read == {"journal_mode": "wal", "synchronous": 2, "busy_timeout": 30000, "foreign_keys": 1}
     finally:
         for connection in connections:
@@ -152,9 +175,13 @@ def test_sqlite_pragmas_hold_on_every_pooled_connection(tmp_path):
 
 
 def _start_service(tmp_path, port: int, workers: int = 1) -> subprocess.Popen:
-    env = os.environ | {"CKPTSTORE_DB_URL": f"sqlite:///{tmp_path}/kill.db", "CKPTSTORE_PORT": str(port),
-                        "CKPTSTORE_STORAGE": f"{tmp_path}/storage", "CKPTSTORE_LOG_LEVEL": "warning",
-                        "CKPTSTORE_WORKERS": str(workers)}
+    env = os.environ | {
+        "CKPTSTORE_DB_URL": f"sqlite:///{tmp_path}/kill.db",
+        "CKPTSTORE_PORT": str(port),
+        "CKPTSTORE_STORAGE": f"{tmp_path}/storage",
+        "CKPTSTORE_LOG_LEVEL": "warning",
+        "CKPTSTORE_WORKERS": str(workers),
+    }
     process = subprocess.Popen([sys.executable, "-m", "server"], env=env)
 
     def ready():
@@ -196,7 +223,9 @@ def test_cached_last_good_answers_stay_current_across_workers(tmp_path):
         assert httpx.put(f"http://127.0.0.1:{port}/v1/jobs/cached", json={"nodes": ["n0"]}).status_code == 201
         for epoch in range(25):
             body = commit_body(type("S", (), {"storage": storage}), "cached", "n0", epoch)
-            assert httpx.post(f"http://127.0.0.1:{port}/v1/jobs/cached/nodes/n0/checkpoints", json=body).status_code == 201
+            assert (
+                httpx.post(f"http://127.0.0.1:{port}/v1/jobs/cached/nodes/n0/checkpoints", json=body).status_code == 201
+            )
             for _ in range(3):
                 answer = httpx.get(f"http://127.0.0.1:{port}/v1/jobs/cached/last-good-epoch").json()
                 assert answer["epoch"] == epoch

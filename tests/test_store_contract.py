@@ -71,7 +71,11 @@ def test_positions_order_mid_epoch_before_end_of_epoch(store):
     for epoch, batch in [(1, None), (0, 5), (1, 7), (0, None), (1, 2)]:
         store.save("job", "n", epoch, {"x": np.array(epoch)}, batch=batch, attempt=1)
     assert store.list_positions("job", "n") == [
-        Position(0, 5), Position(0, None), Position(1, 2), Position(1, 7), Position(1, None)
+        Position(0, 5),
+        Position(0, None),
+        Position(1, 2),
+        Position(1, 7),
+        Position(1, None),
     ]
     assert store.list_epochs("job", "n") == [0, 1]
     assert store.latest("job", "n") == Position(1, None)
@@ -187,7 +191,11 @@ def test_flipped_byte_inside_a_requested_tensor_fails_a_partial_load(store):
     arrays = {"a": np.arange(100, dtype=np.float32), "b": np.arange(100, dtype=np.float32)}
     ref = store.save("job", "n", 0, arrays, attempt=1)
     record = ref.manifest.tensor("b")
-    _corrupt(store, _first_shard(ref), lambda d: d[: record.begin + 5] + bytes([d[record.begin + 5] ^ 0x80]) + d[record.begin + 6 :])
+    _corrupt(
+        store,
+        _first_shard(ref),
+        lambda d: d[: record.begin + 5] + bytes([d[record.begin + 5] ^ 0x80]) + d[record.begin + 6 :],
+    )
     assert store.load("job", "n", 0, names=["a"])["a"][3] == 3, "an undamaged tensor still loads"
     with pytest.raises(CorruptCheckpointError, match="'b'"):
         store.load("job", "n", 0, names=["b"])

@@ -17,8 +17,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def run_job(tmp_path, *args: str, killed: bool = False, signum: int = 9) -> str:
     out = tmp_path / f"final-{uuid.uuid4().hex[:6]}.npz"
-    result = subprocess.run([sys.executable, "-m", "tests.train_job", *args, "--out", str(out)], cwd=ROOT,
-                            capture_output=True, text=True, timeout=180)
+    result = subprocess.run(
+        [sys.executable, "-m", "tests.train_job", *args, "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     if killed:
         assert result.returncode == -signum, result.stderr[-2000:]
         return result.stdout
@@ -51,8 +56,9 @@ _baselines: dict[str, dict[str, np.ndarray]] = {}
 def baseline(tmp_path, args: list[str]) -> dict[str, np.ndarray]:
     key = " ".join(args)
     if key not in _baselines:
-        stdout = run_job(tmp_path, "--storage", str(tmp_path / "baseline"), "--job", f"base-{uuid.uuid4().hex[:8]}",
-                         *args)
+        stdout = run_job(
+            tmp_path, "--storage", str(tmp_path / "baseline"), "--job", f"base-{uuid.uuid4().hex[:8]}", *args
+        )
         assert "FRESH" in stdout
         _baselines[key] = final_state(stdout)
     return _baselines[key]
@@ -63,8 +69,15 @@ def test_killed_and_resumed_training_is_bit_equal_to_uninterrupted(tmp_path, sql
     args, kill_epoch, kill_batch, expected = CASES[case]
     if args[1] == "keras" and "--spe" not in args:
         args = [*args, "--spe", "1"]
-    common = ["--storage", sqlite_service.storage, "--service", sqlite_service.live.url,
-              "--job", f"{case}-{uuid.uuid4().hex[:8]}", *args]
+    common = [
+        "--storage",
+        sqlite_service.storage,
+        "--service",
+        sqlite_service.live.url,
+        "--job",
+        f"{case}-{uuid.uuid4().hex[:8]}",
+        *args,
+    ]
     run_job(tmp_path, *common, "--kill-epoch", str(kill_epoch), "--kill-batch", str(kill_batch), killed=True)
     resumed = run_job(tmp_path, *common, "--shift-names")
     assert resumed.splitlines()[0] == expected
@@ -73,18 +86,33 @@ def test_killed_and_resumed_training_is_bit_equal_to_uninterrupted(tmp_path, sql
 
 def test_resume_on_s3_without_a_service(tmp_path, moto_s3):
     args = ["--mode", "keras", "--spe", "1"]
-    common = ["--storage", f"s3://{moto_s3.bucket}/{uuid.uuid4().hex}", "--endpoint", moto_s3.endpoint_url,
-              "--job", "s3job", *args]
+    common = [
+        "--storage",
+        f"s3://{moto_s3.bucket}/{uuid.uuid4().hex}",
+        "--endpoint",
+        moto_s3.endpoint_url,
+        "--job",
+        "s3job",
+        *args,
+    ]
     run_job(tmp_path, *common, "--kill-epoch", "4", "--kill-batch", "2", killed=True)
     resumed = run_job(tmp_path, *common)
     assert resumed.splitlines()[0] == "RESUMED 3 None"
     assert_bit_equal(final_state(resumed), baseline(tmp_path, args))
 
 
-def test_sigterm_takes_a_checkpoint_at_the_exact_batch_before_exit(tmp_path, sqlite_service):
-    args = ["--mode", "keras", "--spe", "1"]
-    common = ["--storage", sqlite_service.storage, "--service", sqlite_service.live.url,
-              "--job", f"sigterm-{uuid.uuid4().hex[:8]}", *args]
+@pytest.mark.parametrize("mode", ["keras", "loop"])
+def test_sigterm_takes_a_checkpoint_at_the_exact_batch_before_exit(tmp_path, sqlite_service, mode):
+    args = ["--mode", mode] + (["--spe", "1"] if mode == "keras" else [])
+    common = [
+        "--storage",
+        sqlite_service.storage,
+        "--service",
+        sqlite_service.live.url,
+        "--job",
+        f"sigterm-{uuid.uuid4().hex[:8]}",
+        *args,
+    ]
     run_job(tmp_path, *common, "--kill-epoch", "3", "--kill-batch", "5", "--sigterm", killed=True, signum=15)
     resumed = run_job(tmp_path, *common)
     assert resumed.splitlines()[0] == "RESUMED 3 6", "batch 5 finished, then the notice was honoured"
@@ -100,27 +128,47 @@ def test_multi_worker_only_the_chief_writes_and_both_restore_the_same_position(t
     ports = f"{free_port()},{free_port()}"
 
     def launch(epochs: int) -> list[subprocess.Popen]:
-        return [subprocess.Popen([sys.executable, "-u", "-m", "tests.multiworker_job", str(i), ports,
-                                  sqlite_service.storage, sqlite_service.live.url, job, str(epochs)],
-                                 cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-                for i in range(2)]
+        return [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-u",
+                    "-m",
+                    "tests.multiworker_job",
+                    str(i),
+                    ports,
+                    sqlite_service.storage,
+                    sqlite_service.live.url,
+                    job,
+                    str(epochs),
+                ],
+                cwd=ROOT,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                text=True,
+            )
+            for i in range(2)
+        ]
 
     from client import ServiceClient
 
     workers = launch(epochs=1000)  # runs until killed
     with ServiceClient(sqlite_service.live.url) as client:
+
         def two_epochs_good():
             try:
                 return (client.last_good_epoch(job).epoch or -1) >= 1
             except Exception:
                 return False
+
         wait_for(two_epochs_good, timeout=120, interval=0.2, what="two good epochs")
         for worker in workers:
             worker.kill()
             worker.wait()
         killed_at = client.last_good_epoch(job).epoch
-        assert [c.node for c in client.list_checkpoints(job)] == ["worker-0"] * len(client.list_checkpoints(job)), \
+        assert [c.node for c in client.list_checkpoints(job)] == ["worker-0"] * len(client.list_checkpoints(job)), (
             "only the chief writes"
+        )
     workers = launch(epochs=killed_at + 3)
     outputs = [w.communicate(timeout=120)[0] for w in workers]
     assert all(w.returncode == 0 for w in workers), outputs

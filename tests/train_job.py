@@ -27,8 +27,14 @@ EPOCHS, SAMPLES, BATCH = 6, 96, 8  # 12 batches per epoch
 def make_model(spe: int = 1) -> keras.Model:
     keras.utils.set_random_seed(0)
     tf.config.experimental.enable_op_determinism()
-    model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(32, activation="relu"),
-                              keras.layers.Dropout(0.3, seed=1), keras.layers.Dense(1)])
+    model = keras.Sequential(
+        [
+            keras.Input((16,)),
+            keras.layers.Dense(32, activation="relu"),
+            keras.layers.Dropout(0.3, seed=1),
+            keras.layers.Dense(1),
+        ]
+    )
     model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse", steps_per_execution=spe)
     return model
 
@@ -70,8 +76,15 @@ def run_keras(args: argparse.Namespace) -> keras.Model:
 
     model = make_model(args.spe)
     save_freq = "epoch" if args.save_freq == "epoch" else int(args.save_freq)
-    callback = BackupAndRestore(storage=args.storage, service=args.service, job=args.job, node="n0",
-                                save_freq=save_freq, delete_checkpoint=False, storage_options=args.options)
+    callback = BackupAndRestore(
+        storage=args.storage,
+        service=args.service,
+        job=args.job,
+        node="n0",
+        save_freq=save_freq,
+        delete_checkpoint=False,
+        storage_options=args.options,
+    )
 
     class Announce(keras.callbacks.Callback):
         def on_train_begin(self, logs=None):
@@ -92,8 +105,14 @@ def run_loop(args: argparse.Namespace) -> keras.Model:
     model = make_model()
     x, y = data()
     optimizer = model.optimizer
-    manager = CheckpointManager(storage=args.storage, service=args.service, job=args.job, node="n0",
-                                objects={"model": model, "optimizer": optimizer}, storage_options=args.options)
+    manager = CheckpointManager(
+        storage=args.storage,
+        service=args.service,
+        job=args.job,
+        node="n0",
+        objects={"model": model, "optimizer": optimizer},
+        storage_options=args.options,
+    )
     start = manager.restore_or_initialize()
     position = manager.resume_position
     print("FRESH" if position is None else f"RESUMED {position.epoch} {position.batch}", flush=True)
@@ -105,12 +124,17 @@ def run_loop(args: argparse.Namespace) -> keras.Model:
         optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
         return loss
 
+    first_batch = position.batch if position is not None and position.batch is not None else 0
     for epoch in range(start, EPOCHS):
-        for batch in range(SAMPLES // BATCH):
-            if args.kill_epoch is not None and (epoch, batch) >= (args.kill_epoch, args.kill_batch):
-                manager.wait()  # the save in flight lands first: a deterministic expected resume position
-                os.kill(os.getpid(), signal.SIGKILL)
-            step(x[batch * BATCH:(batch + 1) * BATCH], y[batch * BATCH:(batch + 1) * BATCH])
+        for batch in range(first_batch if epoch == start else 0, SAMPLES // BATCH):
+            if args.kill_epoch is not None and (epoch, batch) == (args.kill_epoch, args.kill_batch):
+                if args.sigterm:
+                    os.kill(os.getpid(), signal.SIGTERM)  # noted; acted on after this batch
+                else:
+                    manager.wait()  # the save in flight lands first: a deterministic expected resume position
+                    os.kill(os.getpid(), signal.SIGKILL)
+            step(x[batch * BATCH : (batch + 1) * BATCH], y[batch * BATCH : (batch + 1) * BATCH])
+            manager.checkpoint_if_preempted(epoch, batch + 1)
         manager.save(epoch)
     manager.close()
     return model

@@ -18,8 +18,12 @@ from server.metrics import METRICS
 router = APIRouter(prefix="/v1/jobs/{job}", tags=["checkpoints"], responses=COMMON_ERRORS | error_responses(409))
 
 
-@router.post("/nodes/{node}/checkpoints", status_code=201, response_model=CheckpointRecord,
-             responses={200: {"model": CheckpointRecord, "description": "identical commit already recorded"}})
+@router.post(
+    "/nodes/{node}/checkpoints",
+    status_code=201,
+    response_model=CheckpointRecord,
+    responses={200: {"model": CheckpointRecord, "description": "identical commit already recorded"}},
+)
 def commit(job: JobName, node: NodeName, body: CommitRequest, db: DbDep, response: Response) -> CheckpointRecord:
     """Record a committed checkpoint. Identical re-posts answer 200; other content 409 conflict; an
     attempt older than the node's newest 409 fenced; a location not built from the key parts 422."""
@@ -41,8 +45,9 @@ def list_checkpoints(
     offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
 ) -> list[CheckpointRecord]:
     with db.read() as session:
-        return records.list_checkpoints(session, records.find_job(session, job), node=node, epoch=epoch, state=state,
-                                        limit=limit, offset=offset)
+        return records.list_checkpoints(
+            session, records.find_job(session, job), node=node, epoch=epoch, state=state, limit=limit, offset=offset
+        )
 
 
 @router.post("/nodes/{node}/checkpoints/mark", response_model=list[CheckpointRecord])

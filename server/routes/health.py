@@ -27,7 +27,9 @@ def _probe(root: str) -> ProbeResult:
     try:
         report = Store(root).accessible(timeout=PROBE_TIMEOUT_S)
     except Exception as exc:  # e.g. an fsspec protocol whose package is missing, or no credentials
-        return ProbeResult(cp_accessible=False, latency_ms=None, error=f"cannot open storage: {type(exc).__name__}: {exc}")
+        return ProbeResult(
+            cp_accessible=False, latency_ms=None, error=f"cannot open storage: {type(exc).__name__}: {exc}"
+        )
     error = report.error
     if error and ("credential" in error.lower() or "NoCredentials" in error):
         error = f"the service has no credentials for this storage: {error}"
@@ -37,11 +39,14 @@ def _probe(root: str) -> ProbeResult:
 @router.get("/health", response_model=JobHealth)
 async def job_health(job: JobName, db: DbDep, settings: SettingsDep, probe: bool = False) -> JobHealth:
     """Each node's last cp_accessible report and its staleness; `?probe=true` also probes the storage root."""
+
     def read() -> tuple[str, list[NodeHealth]]:
         with db.read() as session:
             row = records.find_job(session, job)
             nodes = records.expected_nodes(session, row)
-            return row.storage_root, telemetry.job_health(session, row, nodes, stale_after=settings.health_stale_seconds)
+            return row.storage_root, telemetry.job_health(
+                session, row, nodes, stale_after=settings.health_stale_seconds
+            )
 
     root, nodes = await asyncio.to_thread(read)
     result = await asyncio.to_thread(_probe, root) if probe else None

@@ -20,15 +20,17 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=COMMON_ERRORS | e
 def put_job(job: JobName, spec: JobSpec, db: DbDep, settings: SettingsDep, response: Response) -> JobInfo:
     """Declare a job or update it; a new node set applies to positions first written after the change."""
     with db.write() as session:
-        row, created = records.put_job(session, job, spec, default_root=settings.default_storage,
-                                       allowed_roots=settings.allowed_roots)
+        row, created = records.put_job(
+            session, job, spec, default_root=settings.default_storage, allowed_roots=settings.allowed_roots
+        )
         response.status_code = 201 if created else 200
         return records.job_info(session, row)
 
 
 @router.get("", response_model=list[JobInfo])
-def list_jobs(db: DbDep, limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-              offset: Annotated[int, Query(ge=0, le=10**9)] = 0) -> list[JobInfo]:
+def list_jobs(
+    db: DbDep, limit: Annotated[int, Query(ge=1, le=1000)] = 100, offset: Annotated[int, Query(ge=0, le=10**9)] = 0
+) -> list[JobInfo]:
     with db.read() as session:
         rows = session.scalars(select(Job).order_by(Job.name).limit(limit).offset(offset))
         return [records.job_info(session, row) for row in rows]

@@ -24,10 +24,8 @@ import numpy as np
 
 from ckptstore import Position
 from ckptstore.errors import CheckpointNotFoundError
-from client.loop import _build_optimizers
+from client.loop import CheckpointManager
 from client.node import NodeCheckpointer, OnError
-from client.preemption import PreemptionNotice
-from client.state import collect_variables, describe, restore_arrays, snapshot
 
 __all__ = ["BackupAndRestore"]
 
@@ -70,21 +68,21 @@ class BackupAndRestore(keras.callbacks.Callback):
         self.save_freq = save_freq
         self.double_checkpoint = double_checkpoint  # every position is kept until retention removes it
         self.delete_checkpoint = delete_checkpoint
-        self.strict = strict
-        self.checkpointer = NodeCheckpointer(
+        # Objects are known only once fit() sets the model: filled in at on_train_begin.
+        self.manager = CheckpointManager(
             job=job or os.environ.get("CKPTSTORE_JOB", "keras"),
+            objects={},
             storage=storage,
-            service=service or os.environ.get("CKPTSTORE_URL"),
+            service=service,
             node=node,
+            max_to_keep=max_to_keep,
+            async_save=async_save,
+            on_error=on_error,
+            strict=strict,
             storage_options=storage_options,
             token=token,
-            on_error=on_error,
-            async_save=async_save,
-            keep_last=max_to_keep,
+            preemption_budget_s=preemption_budget_s,
         )
-        self.resume_position: Position | None = None
-        self.preemption = PreemptionNotice(preemption_budget_s)
-        self._staging: dict[str, np.ndarray] = {}
         self._epoch = 0
         self._skip_batches = 0
         self._next_save_at = 0
@@ -97,26 +95,24 @@ class BackupAndRestore(keras.callbacks.Callback):
             objects["optimizer"] = self.model.optimizer
         return objects
 
+    @property
+    def checkpointer(self) -> NodeCheckpointer:
+        return self.manager.checkpointer
+
+    @property
+    def resume_position(self) -> Position | None:
+        return self.manager.resume_position
+
     def on_train_begin(self, logs: dict | None = None) -> None:
         if not self.model.built:
             raise ValueError("BackupAndRestore needs a built model: call it on a batch (or build it) before fit()")
-        self.preemption.install()
-        self.resume_position = position = self.checkpointer.start()
-        if position is None:
-            return
-        objects = self._objects()
-        _build_optimizers(objects)
-        arrays = self.checkpointer.load(position)
-        saved = self.checkpointer.store.manifest(
-            self.checkpointer.job, self.checkpointer.node, position.epoch, batch=position.batch
-        ).metadata.get("variables")
-        restore_arrays(collect_variables(objects), arrays, strict=self.strict, saved=saved)
-        if position.is_end_of_epoch:
-            self.model._initial_epoch = position.epoch + 1
-        else:
-            self.model._initial_epoch = position.epoch
+        self.manager.objects = self._objects()
+        self.model._initial_epoch = self.manager.restore_or_initialize()
+        position = self.resume_position
+        if position is not None and not position.is_end_of_epoch:
             self._skip_batches = position.batch
-        log.info("resumed %s/%s from %s", self.checkpointer.job, self.checkpointer.node, position)
+        if position is not None:
+            log.info("resumed %s/%s from %s", self.checkpointer.job, self.checkpointer.node, position)
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         self._epoch = epoch
@@ -159,8 +155,7 @@ class BackupAndRestore(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         done = batch + 1
-        if self.preemption.pending:
-            self._checkpoint_and_exit(Position(self._epoch, done), logs)
+        self.manager.checkpoint_if_preempted(self._epoch, done)
         if not isinstance(self.save_freq, int):
             return
         if self._next_save_at and done >= self._next_save_at:
@@ -171,32 +166,16 @@ class BackupAndRestore(keras.callbacks.Callback):
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         self._save(Position(epoch, None), logs)
 
-    def _checkpoint_and_exit(self, position: Position, logs: dict | None) -> None:
-        """SIGTERM arrived: save this exact position (if the budget allows), then exit as SIGTERM would."""
-        if self.preemption.within_budget:
-            self._save(position, logs)
-            self.checkpointer.wait()
-            log.warning("preemption notice: checkpointed %s; exiting", position)
-        self.checkpointer.close()
-        self.preemption.exit()
-
     def _save(self, position: Position, logs: dict | None) -> None:
-        self.checkpointer.wait()
-        objects = self._objects()
-        variables = collect_variables(objects)
-        arrays = snapshot(variables, self._staging)
         metrics = {k: float(v) for k, v in (logs or {}).items() if np.ndim(v) == 0 and np.isfinite(float(v))}
         step = int(np.asarray(self.model.optimizer.iterations)) if self.model.optimizer is not None else None
-        self.checkpointer.save(
-            position, arrays, step=step, metrics=metrics, metadata={"variables": describe(variables)}
-        )
+        self.manager.save(position.epoch, batch=position.batch, step=step, metrics=metrics)
 
     def on_train_end(self, logs: dict | None = None) -> None:
-        self.preemption.uninstall()
-        self.checkpointer.wait()
+        self.manager.wait()
         if self.delete_checkpoint and self.checkpointer.writes:
             self._delete_all()
-        self.checkpointer.close()
+        self.manager.close()
 
     def _delete_all(self) -> None:
         """Keras semantics: a finished fit removes its backup, so the next fit starts afresh."""

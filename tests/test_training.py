@@ -53,12 +53,15 @@ CASES = {
 _baselines: dict[str, dict[str, np.ndarray]] = {}
 
 
+def job_args(storage: str, job: str, *args: str, service: str | None = None) -> list[str]:
+    """Command-line arguments of tests.train_job for one job."""
+    return ["--storage", storage, *(["--service", service] if service else []), "--job", job, *args]
+
+
 def baseline(tmp_path, args: list[str]) -> dict[str, np.ndarray]:
     key = " ".join(args)
     if key not in _baselines:
-        stdout = run_job(
-            tmp_path, "--storage", str(tmp_path / "baseline"), "--job", f"base-{uuid.uuid4().hex[:8]}", *args
-        )
+        stdout = run_job(tmp_path, *job_args(str(tmp_path / "baseline"), f"base-{uuid.uuid4().hex[:8]}", *args))
         assert "FRESH" in stdout
         _baselines[key] = final_state(stdout)
     return _baselines[key]
@@ -69,15 +72,7 @@ def test_killed_and_resumed_training_is_bit_equal_to_uninterrupted(tmp_path, sql
     args, kill_epoch, kill_batch, expected = CASES[case]
     if args[1] == "keras" and "--spe" not in args:
         args = [*args, "--spe", "1"]
-    common = [
-        "--storage",
-        sqlite_service.storage,
-        "--service",
-        sqlite_service.live.url,
-        "--job",
-        f"{case}-{uuid.uuid4().hex[:8]}",
-        *args,
-    ]
+    common = job_args(sqlite_service.storage, f"{case}-{uuid.uuid4().hex[:8]}", *args, service=sqlite_service.live.url)
     run_job(tmp_path, *common, "--kill-epoch", str(kill_epoch), "--kill-batch", str(kill_batch), killed=True)
     resumed = run_job(tmp_path, *common, "--shift-names")
     assert resumed.splitlines()[0] == expected
@@ -86,15 +81,7 @@ def test_killed_and_resumed_training_is_bit_equal_to_uninterrupted(tmp_path, sql
 
 def test_resume_on_s3_without_a_service(tmp_path, moto_s3):
     args = ["--mode", "keras", "--spe", "1"]
-    common = [
-        "--storage",
-        f"s3://{moto_s3.bucket}/{uuid.uuid4().hex}",
-        "--endpoint",
-        moto_s3.endpoint_url,
-        "--job",
-        "s3job",
-        *args,
-    ]
+    common = job_args(f"s3://{moto_s3.bucket}/{uuid.uuid4().hex}", "s3job", *args, "--endpoint", moto_s3.endpoint_url)
     run_job(tmp_path, *common, "--kill-epoch", "4", "--kill-batch", "2", killed=True)
     resumed = run_job(tmp_path, *common)
     assert resumed.splitlines()[0] == "RESUMED 3 None"
@@ -104,15 +91,7 @@ def test_resume_on_s3_without_a_service(tmp_path, moto_s3):
 @pytest.mark.parametrize("mode", ["keras", "loop"])
 def test_sigterm_takes_a_checkpoint_at_the_exact_batch_before_exit(tmp_path, sqlite_service, mode):
     args = ["--mode", mode] + (["--spe", "1"] if mode == "keras" else [])
-    common = [
-        "--storage",
-        sqlite_service.storage,
-        "--service",
-        sqlite_service.live.url,
-        "--job",
-        f"sigterm-{uuid.uuid4().hex[:8]}",
-        *args,
-    ]
+    common = job_args(sqlite_service.storage, f"sigterm-{uuid.uuid4().hex[:8]}", *args, service=sqlite_service.live.url)
     run_job(tmp_path, *common, "--kill-epoch", "3", "--kill-batch", "5", "--sigterm", killed=True, signum=15)
     resumed = run_job(tmp_path, *common)
     assert resumed.splitlines()[0] == "RESUMED 3 6", "batch 5 finished, then the notice was honoured"

@@ -7,7 +7,8 @@ CPU with epochs long enough that a background write finishes within one, it runs
 (A B C D, order rotated per repetition) fits with: no callback, Keras' BackupAndRestore,
 ckptstore BackupAndRestore with async_save=False, and with async saves (the default), all on
 local disk. Reports the median per-epoch time added over no callback, the time training is
-blocked per save, the background write throughput, the restore time at the start of a resumed
+blocked per save, the background write throughput against the raw baseline (the same bytes as
+one fsspec file + fsync, written in the same process after the fit), the restore time at the start of a resumed
 fit, and whether the final weights equal the run without a callback.
 """
 
@@ -31,6 +32,7 @@ import crc32c  # noqa: E402
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
+from bench.save_restore import raw_write  # noqa: E402
 from client.keras import BackupAndRestore  # noqa: E402
 
 WIDTH = 4096
@@ -88,6 +90,19 @@ class TimedCallback(BackupAndRestore):
             self.restore_s = time.perf_counter() - started
 
 
+def raw_write_seconds(model: keras.Model, workdir: str, reps: int = 2) -> list[float]:
+    """The raw baseline in the same process and directory: the same bytes as one fsspec file + fsync."""
+    arrays = {str(i): np.asarray(v) for i, v in enumerate(model.variables + model.optimizer.variables)}
+    seconds = []
+    for rep in range(reps):
+        path = os.path.join(workdir, f"raw-{rep}.bin")
+        started = time.perf_counter()
+        raw_write(path, arrays)
+        seconds.append(time.perf_counter() - started)
+        os.unlink(path)
+    return seconds
+
+
 def run(variant: str, size_mib: int, epochs: int, workdir: str, x: np.ndarray, y: np.ndarray) -> dict:
     model = make_model(size_mib)
     model.fit(x[:8], y[:8], batch_size=8, epochs=1, verbose=0)  # build + compile the step outside the timing
@@ -112,6 +127,7 @@ def run(variant: str, size_mib: int, epochs: int, workdir: str, x: np.ndarray, y
     result = {"epoch_s": timer.times, "final": [crc32c.crc32c(np.ascontiguousarray(v)) for v in model.variables]}
     result["final"] = [int(c) for c in result["final"]]
     if ours is not None:
+        result["raw_write_s"] = raw_write_seconds(model, workdir)
         result["blocked_s"] = ours.blocked
         result["write_s"] = ours.written
         result["state_bytes"] = state_bytes(model)
@@ -191,11 +207,14 @@ def main() -> None:
                 state = samples[variant][0]["state_bytes"]
                 blocked = statistics.median(b for s in samples[variant] for b in s["blocked_s"])
                 write = statistics.median(w for s in samples[variant] for w in s["write_s"])
+                raw = statistics.median(w for s in samples[variant] for w in s["raw_write_s"])
                 row |= {
                     "state_GiB": state / 2**30,
                     "blocked_per_save_s": blocked,
                     "write_s": write,
                     "write_MBps": state / write / 1e6,
+                    "raw_write_MBps": state / raw / 1e6,
+                    "write_vs_raw": raw / write,
                     "blocked_s_per_GiB": blocked / (state / 2**30),
                     "restore_s": statistics.median(s["restore_s"] for s in samples[variant]),
                 }

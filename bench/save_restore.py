@@ -97,6 +97,17 @@ def fsync_tree(path: str) -> None:
 # -- methods: each returns (save, load) callables over a fresh directory -----------------------
 
 
+def raw_write(path: str, arrays: dict[str, np.ndarray]) -> None:
+    """The raw baseline: every array's bytes written sequentially into one local file with fsspec, then fsync."""
+    import fsspec
+
+    with fsspec.filesystem("file").open(path, "wb") as handle:
+        for array in arrays.values():
+            handle.write(memoryview(np.ascontiguousarray(array).reshape(-1).view(np.uint8)))
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
 def local_methods(arrays: dict[str, np.ndarray], shard_size: int) -> dict[str, tuple[Callable, Callable]]:
     import fsspec
     import safetensors.numpy
@@ -104,14 +115,7 @@ def local_methods(arrays: dict[str, np.ndarray], shard_size: int) -> dict[str, t
     fs = fsspec.filesystem("file")
     methods: dict[str, tuple[Callable, Callable]] = {}
 
-    def raw_save(d):
-        with fs.open(f"{d}/all.bin", "wb") as handle:
-            for array in arrays.values():
-                handle.write(memoryview(array.reshape(-1).view(np.uint8)))
-            handle.flush()
-            os.fsync(handle.fileno())
-
-    methods["raw fsspec"] = (raw_save, lambda d: fs.cat_file(f"{d}/all.bin"))
+    methods["raw fsspec"] = (lambda d: raw_write(f"{d}/all.bin", arrays), lambda d: fs.cat_file(f"{d}/all.bin"))
 
     def ckpt_save(d):
         Store(d, shard_size=shard_size).save("bench", "n0", 0, arrays, attempt=1)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import secrets
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -68,14 +68,12 @@ class Storage:
     # -- writing -------------------------------------------------------------------------------
 
     def write_object(self, relpath: str, chunks: Iterable[memoryview | bytes]) -> None:
-        """Write a whole object from chunks; durable (fsynced) on return on local disk."""
+        """Write a whole object from chunks. Local files land in the page cache: `sync_files` makes them durable."""
         path = self.path(relpath)
         if self.is_local:
             with open(path, "wb") as handle:
                 for chunk in chunks:
                     handle.write(chunk)
-                handle.flush()
-                os.fsync(handle.fileno())
         else:
             # Object stores need one bytes body (botocore refuses memoryviews): this is the one copy.
             self.fs.pipe_file(path, b"".join(chunks))
@@ -104,6 +102,22 @@ class Storage:
         """Create a directory prefix (local disk only; object stores have no directories)."""
         if self.is_local:
             os.makedirs(self.path(relpath), exist_ok=True)
+
+    def sync_files(self, relpaths: Iterable[str], pool: Executor) -> None:
+        """fsync local files written by `write_object`, all at once, so the disk gets large batches
+        (3 GiB measured: 1.6 GB/s, as fast as one raw file, vs 1.0 GB/s with an fsync per file). No-op on object stores."""
+        if not self.is_local:
+            return
+
+        def sync(relpath: str) -> None:
+            fd = os.open(self.path(relpath), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+        for _ in pool.map(sync, relpaths):
+            pass
 
     def sync_directory(self, relpath: str, *, up_to: int = 0) -> None:
         """fsync a local directory and `up_to` of its parents, making their entries durable."""

@@ -172,6 +172,7 @@ class Store:
 
         with ThreadPoolExecutor(max_workers=min(self.concurrency, len(plans))) as pool:
             results = list(pool.map(write, plans))
+            self._storage.sync_files([f"{key}/{record.file}" for record, _ in results], pool)
         crcs = {name: crc for _, part in results for name, crc in part.items()}
         return [record for record, _ in results], crcs
 

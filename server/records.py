@@ -8,6 +8,7 @@ resume position change only through `_judge_position`, right where a commit or m
 from __future__ import annotations
 
 import time
+
 from sqlalchemy import delete, func, select, tuple_
 from sqlalchemy.orm import Session
 

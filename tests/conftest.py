@@ -63,7 +63,7 @@ class Service:
         return self.live.client(**kwargs)
 
 
-def _service_settings(tmp: str, db_url: str, **overrides) -> Any:
+def service_settings(tmp: str, db_url: str, **overrides) -> Any:
     from server.settings import Settings
 
     storage = f"{tmp}/storage"
@@ -75,7 +75,7 @@ def sqlite_service(tmp_path_factory) -> Iterator[Service]:
     from tests.live import LiveService
 
     tmp = str(tmp_path_factory.mktemp("sqlite-service"))
-    live = LiveService(_service_settings(tmp, f"sqlite:///{tmp}/service.db"))
+    live = LiveService(service_settings(tmp, f"sqlite:///{tmp}/service.db"))
     yield Service("sqlite", live, f"{tmp}/storage")
     live.stop()
 
@@ -88,7 +88,7 @@ def postgres_service(tmp_path_factory) -> Iterator[Service]:
         pytest.fail("PostgreSQL is not reachable on 127.0.0.1:5432 and could not be started")
     database = ScratchPostgres()
     tmp = str(tmp_path_factory.mktemp("pg-service"))
-    live = LiveService(_service_settings(tmp, database.url))
+    live = LiveService(service_settings(tmp, database.url))
     yield Service("postgres", live, f"{tmp}/storage")
     live.stop()
     database.drop()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import concurrent.futures
 import itertools
 
-
 from ckptstore.layout import checkpoint_location
 from ckptstore.position import Position
 

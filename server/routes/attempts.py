@@ -6,8 +6,8 @@ from fastapi import APIRouter
 
 from ckptstore.schema import AttemptInfo, AttemptRequest
 from server import records
-from server.errors import COMMON_ERRORS
 from server.deps import DbDep, JobName, NodeName
+from server.errors import COMMON_ERRORS
 
 router = APIRouter(prefix="/v1/jobs/{job}", tags=["attempts"], responses=COMMON_ERRORS)
 

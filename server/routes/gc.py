@@ -8,8 +8,8 @@ from fastapi import APIRouter
 
 from ckptstore.schema import GcPlan
 from server import records
-from server.errors import COMMON_ERRORS
 from server.deps import DbDep, JobName
+from server.errors import COMMON_ERRORS
 
 router = APIRouter(prefix="/v1/jobs/{job}", tags=["retention"], responses=COMMON_ERRORS)
 

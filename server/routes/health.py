@@ -9,8 +9,8 @@ from fastapi import APIRouter
 from ckptstore import Store
 from ckptstore.schema import HealthReport, JobHealth, NodeHealth, ProbeResult
 from server import records, telemetry
-from server.errors import COMMON_ERRORS
 from server.deps import DbDep, JobName, NodeName, SettingsDep
+from server.errors import COMMON_ERRORS
 
 router = APIRouter(prefix="/v1/jobs/{job}", tags=["health"], responses=COMMON_ERRORS)
 PROBE_TIMEOUT_S = 10.0

@@ -9,8 +9,8 @@ from sqlalchemy import select
 
 from ckptstore.schema import JobInfo, JobSpec
 from server import records
-from server.errors import COMMON_ERRORS, error_responses
 from server.deps import DbDep, JobName, SettingsDep
+from server.errors import COMMON_ERRORS, error_responses
 from server.models import Job
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=COMMON_ERRORS | error_responses(403, 409))

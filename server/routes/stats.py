@@ -6,8 +6,8 @@ from fastapi import APIRouter, Response
 
 from ckptstore.schema import StatsReport, StatsSummary
 from server import records, telemetry
-from server.errors import COMMON_ERRORS
 from server.deps import DbDep, JobName
+from server.errors import COMMON_ERRORS
 
 router = APIRouter(prefix="/v1/jobs/{job}", tags=["stats"], responses=COMMON_ERRORS)
 

@@ -23,6 +23,20 @@ class CheckpointRef:
     checksums: dict[str, str]
     manifest: Manifest = field(repr=False)
 
+    @classmethod
+    def of(cls, location: str, manifest: Manifest) -> CheckpointRef:
+        """The ref of the committed checkpoint at `location` whose manifest is `manifest`."""
+        return cls(
+            job=manifest.job,
+            node=manifest.node,
+            position=manifest.position,
+            attempt=manifest.attempt,
+            location=location,
+            bytes=manifest.total_bytes,
+            checksums={s.file: f"crc32c:{s.crc32c}" for s in manifest.shards},
+            manifest=manifest,
+        )
+
 
 @dataclass(frozen=True)
 class CheckpointInfo:

@@ -141,16 +141,7 @@ class Store:
         except BaseException:
             self._discard_uncommitted(key)
             raise
-        return CheckpointRef(
-            job=job,
-            node=node,
-            position=position,
-            attempt=attempt,
-            location=f"{self.url}/{key}",
-            bytes=manifest.total_bytes,
-            checksums={s.file: f"crc32c:{s.crc32c}" for s in manifest.shards},
-            manifest=manifest,
-        )
+        return CheckpointRef.of(f"{self.url}/{key}", manifest)
 
     def _write_shards(
         self, key: str, plans: Sequence[ShardPlan], arrays: Mapping[str, np.ndarray]
@@ -175,6 +166,64 @@ class Store:
             self._storage.sync_files([f"{key}/{record.file}" for record, _ in results], pool)
         crcs = {name: crc for _, part in results for name, crc in part.items()}
         return [record for record, _ in results], crcs
+
+    def copy_from(
+        self,
+        source: Store,
+        job: str,
+        node: str,
+        epoch: int,
+        *,
+        batch: int | None = None,
+        attempt: str | int | None = None,
+    ) -> CheckpointRef:
+        """Copy a committed checkpoint of `source` here byte for byte (newest attempt by default).
+
+        Shards are checked against their checksums as they are read, committed here in the same order
+        as a save (shards durable, then the manifest), and the copy is verified on arrival. Copying
+        onto an identical committed copy is a no-op; onto a different one, CommitConflictError.
+        """
+        position = Position(epoch, batch)
+        attempt_id, manifest = next(source._committed(job, node, position, attempt), (None, None))
+        if manifest is None:
+            raise CheckpointNotFoundError(f"no committed checkpoint for {job}/{node} {position} under {source.url}")
+        key = checkpoint_key(job, node, position, attempt_id)
+        location = f"{self.url}/{key}"
+        if self._storage.size(f"{key}/{MANIFEST_NAME}") is None:
+            self._copy_shards(source, key, manifest)
+        elif next(self._committed(job, node, position, attempt_id), (None, None))[1] != manifest:
+            raise CommitConflictError(f"{location} is already committed with other content")
+        report = self.verify(job, node, epoch, batch=batch, attempt=attempt_id)
+        if not report.ok:
+            raise CorruptCheckpointError(
+                f"the copy at {location} does not verify: {report.problems[0].detail}", location=location
+            )
+        return CheckpointRef.of(location, manifest)
+
+    def _copy_shards(self, source: Store, key: str, manifest: Manifest) -> None:
+        source_location = f"{source.url}/{key}"
+
+        def copy(shard: ShardRecord) -> str:
+            relpath = f"{key}/{shard.file}"
+            try:
+                blob = source._storage.read_object(relpath)
+            except FileNotFoundError as exc:
+                raise CorruptCheckpointError(f"{source_location} lacks {shard.file}", location=source_location) from exc
+            problem = _shard_problem(shard, blob, manifest)
+            if problem is not None:
+                raise CorruptCheckpointError(f"{problem.detail} in {source_location}", location=source_location)
+            self._storage.write_object(relpath, [memoryview(blob).cast("B")])
+            return relpath
+
+        self._storage.make_prefix(key)
+        try:
+            with ThreadPoolExecutor(max_workers=min(self.concurrency, max(1, len(manifest.shards)))) as pool:
+                self._storage.sync_files(list(pool.map(copy, manifest.shards)), pool)
+            self._storage.sync_directory(key, up_to=3)
+            self._storage.publish_object(f"{key}/{MANIFEST_NAME}", manifest.to_json())
+        except BaseException:
+            self._discard_uncommitted(key)
+            raise
 
     def _discard_uncommitted(self, key: str) -> None:
         try:
@@ -318,6 +367,24 @@ class Store:
         return arrays
 
     # -- listing -------------------------------------------------------------------------------
+
+    def list_jobs(self) -> list[str]:
+        """Job folders under the root (names that pass validation), sorted."""
+        return self._valid_names("", "job", exclude=PROBE_DIR)
+
+    def list_nodes(self, job: str) -> list[str]:
+        """Node folders of a job on storage, sorted."""
+        validate_name(job, kind="job")
+        return self._valid_names(job, "node")
+
+    def _valid_names(self, relpath: str, kind: str, exclude: str | None = None) -> list[str]:
+        names = []
+        for name in self._storage.list_names(relpath):
+            try:
+                names.append(validate_name(name, kind=kind))
+            except ValueError:
+                continue
+        return sorted(n for n in names if n != exclude)
 
     def list_checkpoints(self, job: str, node: str) -> list[CheckpointInfo]:
         """Every attempt prefix of a node on storage, committed or not, ordered by position and attempt."""

@@ -15,28 +15,29 @@ import uvicorn
 from server.migrate import migrate
 from server.settings import Settings
 
-FLAGS = {
-    "--host": "host",
-    "--port": "port",
-    "--workers": "workers",
-    "--db-url": "db_url",
-    "--storage": "storage",
-    "--storage-roots": "storage_roots",
-    "--trusted-hosts": "trusted_hosts",
-    "--log-level": "log_level",
-}
-
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ckptstore serve", description="Run the ckptstore metadata service.")
-    for flag, field in FLAGS.items():
-        parser.add_argument(flag, dest=field, default=None, help=f"overrides CKPTSTORE_{field.upper()}")
+    """One flag per setting: `--db-url` for CKPTSTORE_DB_URL, and so on."""
+    parser = argparse.ArgumentParser(
+        prog="ckptstore serve",
+        description="Run the ckptstore metadata service. Every flag overrides its CKPTSTORE_* variable.",
+    )
+    for field, info in Settings.model_fields.items():
+        default = "unset" if info.default in (None, "") else info.default
+        about = f"{info.description}; " if info.description else ""
+        parser.add_argument(
+            "--" + field.replace("_", "-"),
+            dest=field,
+            default=None,
+            metavar=field.upper(),
+            help=f"{about}overrides CKPTSTORE_{field.upper()} (default: {default})",
+        )
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    for field in FLAGS.values():
+    for field in Settings.model_fields:
         value = getattr(args, field)
         if value is not None:
             os.environ[f"CKPTSTORE_{field.upper()}"] = str(value)

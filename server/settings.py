@@ -44,17 +44,22 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="CKPTSTORE_", extra="ignore")
 
     db_url: str = Field(default="", description="SQLAlchemy URL; default: SQLite in the user's data directory")
-    host: str = "127.0.0.1"
-    port: int = Field(default=8080, ge=0, le=65535)
-    workers: int = Field(default=1, ge=1, le=64)
-    token: SecretStr | None = None
+    host: str = Field(default="127.0.0.1", description="address to listen on (0.0.0.0 in a container)")
+    port: int = Field(default=8080, ge=0, le=65535, description="TCP port")
+    workers: int = Field(default=1, ge=1, le=64, description="uvicorn worker processes")
+    token: SecretStr | None = Field(
+        default=None,
+        description="bearer token every route but /healthz and /readyz requires (prefer the variable: flags show in ps)",
+    )
     storage: str = Field(default="", description="default storage root for jobs that name none")
     storage_roots: str = Field(default="", description="comma-separated roots a job may use")
-    max_body_bytes: int = Field(default=1 << 20, ge=1024)
-    trusted_hosts: str = "*"
-    health_stale_seconds: float = Field(default=300.0, gt=0)
+    max_body_bytes: int = Field(default=1 << 20, ge=1024, description="largest request body accepted (413 above)")
+    trusted_hosts: str = Field(default="*", description="comma-separated Host headers accepted (400 otherwise)")
+    health_stale_seconds: float = Field(
+        default=300.0, gt=0, description="a node's health report older than this is shown as stale"
+    )
     answer_cache_size: int = Field(default=16384, ge=0, description="last-good answers cached per worker")
-    log_level: str = "info"
+    log_level: str = Field(default="info", description="debug, info, warning or error")
 
     @field_validator("token", mode="before")
     @classmethod

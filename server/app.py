@@ -12,7 +12,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse
 from sqlalchemy.exc import IntegrityError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.trustedhost import TrustedHostMiddleware
@@ -25,6 +25,8 @@ from server.metrics import METRICS
 from server.middleware import BodyLimit, RequestMetrics, TokenAuth
 from server.routes import ROUTERS
 from server.settings import Settings
+from server.ui import LoginRequired, login_page
+from server.ui import router as ui_router
 
 __all__ = ["create_app", "app_factory"]
 
@@ -48,6 +50,10 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def api_error(_: Request, exc: ApiError) -> JSONResponse:
         return _error(exc.status, exc.code, exc.detail, exc.headers)
+
+    @app.exception_handler(LoginRequired)
+    async def login_required(_: Request, exc: LoginRequired) -> HTMLResponse:
+        return login_page()
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -97,6 +103,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     for router in ROUTERS:
         app.include_router(router)
+    app.include_router(ui_router)
     _install_error_handlers(app)
     token = settings.token.get_secret_value() if settings.token else None
     app.add_middleware(LastGoodFastPath)  # innermost: every middleware below still wraps it

@@ -1,6 +1,8 @@
 """ASGI middleware: bearer-token auth, request body limit, and request metrics + logs.
 
-Auth protects every route but /healthz and /readyz, so a new route is protected by default.
+Auth protects every route but /healthz and /readyz, so a new route is protected by default. The
+dashboard's pages (`/`, `/ui/…`) check their own session cookie instead (server/ui.py): a browser
+cannot send a bearer header on navigation.
 Logs carry method, route, status and latency — never headers, bodies or storage credentials.
 """
 
@@ -15,9 +17,16 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from server.metrics import METRICS
 
-__all__ = ["TokenAuth", "BodyLimit", "RequestMetrics", "OPEN_PATHS"]
+__all__ = ["TokenAuth", "BodyLimit", "RequestMetrics", "OPEN_PATHS", "is_dashboard_path"]
 
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})
+
+
+def is_dashboard_path(path: str) -> bool:
+    """The web dashboard's routes, which authenticate by session cookie (server/ui.py)."""
+    return path == "/" or path.startswith("/ui/")
+
+
 log = logging.getLogger("ckptstore.server")
 
 
@@ -38,7 +47,12 @@ class TokenAuth:
         self.token = token.encode() if token else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.token is None or scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+        if (
+            self.token is None
+            or scope["type"] != "http"
+            or scope["path"] in OPEN_PATHS
+            or is_dashboard_path(scope["path"])
+        ):
             await self.app(scope, receive, send)
             return
         supplied = b""

@@ -75,7 +75,7 @@ def expected_nodes(session: Session, job: Job, version: int | None = None) -> li
     return session.get(NodeSet, (job.id, version or job.nodes_version)).nodes
 
 
-def _resume(job: Job) -> Position | None:
+def resume_position(job: Job) -> Position | None:
     if job.resume_epoch is None:
         return None
     return Position(job.resume_epoch, batch_of(job.resume_batch_key))
@@ -88,7 +88,7 @@ def job_info(session: Session, job: Job) -> JobInfo:
         storage_root=job.storage_root,
         retention=RetentionSpec.model_validate(job.retention),
         last_good_epoch=job.last_good_epoch,
-        resume=PositionBody.of(_resume(job)),
+        resume=PositionBody.of(resume_position(job)),
         created_at=job.created_at,
         updated_at=job.updated_at,
     )
@@ -344,7 +344,7 @@ def _refresh_last_good(session: Session, job: Job) -> None:
 def last_good(session: Session, job: Job, *, max_epoch: int | None = None) -> LastGood:
     """The last good epoch, the resume position, where each node's part of it is, and why newer is not good."""
     if max_epoch is None:
-        epoch, resume = job.last_good_epoch, _resume(job)
+        epoch, resume = job.last_good_epoch, resume_position(job)
     else:
         last = _newest_good(session, job, end_of_epoch=True, max_epoch=max_epoch)
         epoch, resume = (
@@ -437,7 +437,10 @@ def gc_plan(session: Session, job: Job, *, now: float) -> GcPlan:
         for d in plan_deletions(candidates, good=good, policy=policy, now=now)
     ]
     return GcPlan(
-        job=job.name, last_good_epoch=job.last_good_epoch, resume=PositionBody.of(_resume(job)), deletions=deletions
+        job=job.name,
+        last_good_epoch=job.last_good_epoch,
+        resume=PositionBody.of(resume_position(job)),
+        deletions=deletions,
     )
 
 

@@ -1,0 +1,189 @@
+"""The web dashboard in real headless Chromium (Debian's /usr/bin/chromium driven by Playwright)
+against a real service with seeded records. Screenshots go to test-artifacts/dashboard/."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+
+import httpx
+import pytest
+
+from ckptstore.layout import checkpoint_location
+from ckptstore.position import Position
+from ckptstore.report import AccessReport
+from client.service import ServiceClient
+from tests.conftest import service_settings
+from tests.live import LiveService
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ARTIFACTS = os.path.join(ROOT, "test-artifacts", "dashboard")
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+TOKEN = "dashboard-token-5f1c9a"
+HOSTILE = "<script>window.__pwned = 1</script> EndpointConnectionError"
+
+
+def commit(url: str, token: str | None, root: str, job: str, node: str, position: Position, attempt: int) -> None:
+    """Record a commit (the dashboard reads records only: no bytes need to be on storage)."""
+    location = checkpoint_location(root, job, node, position, str(attempt))
+    body = {"epoch": position.epoch, "batch": position.batch, "attempt": attempt, "location": location, "bytes": 4096}
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    response = httpx.post(f"{url}/v1/jobs/{job}/nodes/{node}/checkpoints", json=body, headers=headers, timeout=10)
+    assert response.status_code == 201, response.text
+
+
+def seed(url: str, root: str, token: str | None = None) -> None:
+    """Job `demo` (n0, n1, n2; epochs 0–5): n1's epoch 4 corrupt, n2's epoch 5 missing, n0's epoch 0
+    deleted, n2's storage failing with a hostile error text; job `long` with 130 positions."""
+    with ServiceClient(url, token=token) as client:
+        client.put_job("demo", ["n0", "n1", "n2"], storage_root=root)
+        for node in ("n0", "n1", "n2"):
+            attempt = client.start_attempt("demo", node)
+            for epoch in range(6):
+                if (node, epoch) != ("n2", 5):
+                    commit(url, token, root, "demo", node, Position(epoch), attempt)
+                    client.report_stats("demo", node, "save", 0.1 + epoch / 10, nbytes=4096)
+        client.mark("demo", "n1", Position(4), "corrupt", reason=f"verify: {HOSTILE}")
+        client.mark("demo", "n0", Position(0), "deleted", reason="retention")
+        client.report_health("demo", "n2", AccessReport(False, None, HOSTILE))
+        client.report_health("demo", "n0", AccessReport(True, 2.5, None))
+        client.report_health("demo", "n1", AccessReport(True, 3.1, None))
+        client.put_job("long", ["solo"], storage_root=root)
+        attempt = client.start_attempt("long", "solo")
+        for epoch in range(65):
+            commit(url, token, root, "long", "solo", Position(epoch, 50), attempt)
+            commit(url, token, root, "long", "solo", Position(epoch), attempt)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    if not os.path.exists(CHROMIUM):
+        pytest.fail("Chromium is not installed: scripts/test.sh installs Debian's chromium and chromium-driver")
+    os.makedirs(ARTIFACTS, exist_ok=True)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        yield browser
+        browser.close()
+
+
+def start(tmp_path, **overrides) -> LiveService:
+    live = LiveService(service_settings(str(tmp_path), f"sqlite:///{tmp_path}/ui.db", **overrides))
+    seed(live.url, live.settings.default_storage, token=overrides.get("token"))
+    return live
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory):
+    live = start(tmp_path_factory.mktemp("dashboard"))
+    yield live
+    live.stop()
+
+
+def cell(page, node: str, position: str):
+    return page.locator(f'td.cell[data-node="{node}"][data-position="{position}"]')
+
+
+def test_jobs_page_then_job_page_show_the_seeded_states(browser, service):
+    page = browser.new_page(viewport={"width": 1300, "height": 900})
+    page.goto(service.url + "/")
+    assert page.url.endswith("/ui/"), "/ redirects to the jobs page"
+    row = page.locator('tr[data-job="demo"]')
+    cells = row.locator("td").all_inner_texts()
+    assert cells[:5] == ["demo", "3", "3", "3", "5"], cells
+    assert "1 epoch (n2)" in cells[5] and "1 failing" in cells[6]
+    page.screenshot(path=os.path.join(ARTIFACTS, "jobs.png"), full_page=True)
+    row.locator("a").click()
+    page.wait_for_url("**/ui/jobs/demo")
+    assert page.locator("#last-good").inner_text() == "3"
+    assert page.locator("#resume").inner_text() == "3"
+    expected = {("n1", "4"): ("corrupt", "✗"), ("n2", "5"): ("missing", "?"), ("n0", "0"): ("deleted", "⌫")}
+    expected |= {("n0", "3"): ("committed", "✓"), ("n2", "4"): ("committed", "✓")}
+    for (node, position), (state, symbol) in expected.items():
+        located = cell(page, node, position)
+        assert (located.get_attribute("data-state"), located.inner_text()) == (state, symbol), (node, position)
+    assert "corrupt" in cell(page, "n1", "4").get_attribute("title")
+    header = page.locator("th.pos.last-good")
+    assert header.count() == 1 and "3" in header.inner_text() and "★" in header.inner_text()
+    assert "15 committed, 1 missing, 1 corrupt, 1 deleted" in page.locator(".counts").inner_text()
+    assert page.locator("svg polyline").count() == 2, "size and save-time plots"
+    assert page.locator("table.attempts tbody tr").count() == 3
+    page.screenshot(path=os.path.join(ARTIFACTS, "job.png"), full_page=True)
+    page.get_by_text("← all jobs").click()
+    page.wait_for_url("**/ui/")
+    page.close()
+
+
+def test_error_texts_render_as_text_never_as_markup(browser, service):
+    page = browser.new_page()
+    page.goto(service.url + "/ui/jobs/demo")
+    error = page.locator('table.health-table tr[data-node="n2"] td.error-text')
+    assert error.inner_text() == HOSTILE
+    assert HOSTILE in cell(page, "n1", "4").get_attribute("title")
+    assert page.evaluate("window.__pwned") is None, "no injected script ran"
+    page.close()
+
+
+def test_the_job_page_refreshes_in_place_without_a_reload(browser, service):
+    page = browser.new_page()
+    page.goto(service.url + "/ui/jobs/demo")
+    page.evaluate("window.__loaded_once = true")
+    assert cell(page, "n2", "5").get_attribute("data-state") == "missing"
+    with ServiceClient(service.url) as client:
+        attempt = client.start_attempt("demo", "n2")
+        commit(service.url, None, service.settings.default_storage, "demo", "n2", Position(5), attempt)
+    page.wait_for_function(
+        """() => document.querySelector('td.cell[data-node="n2"][data-position="5"]').dataset.state === 'committed'""",
+        timeout=15000,
+    )
+    assert page.evaluate("window.__loaded_once") is True, "the content was swapped in, the page was not reloaded"
+    assert page.locator("#last-good").inner_text() == "5", "n1's corrupt epoch 4 stays bad; epoch 5 is good now"
+    page.close()
+
+
+def test_the_grid_is_windowed_to_100_positions_with_paging_back(browser, service):
+    page = browser.new_page()
+    page.goto(service.url + "/ui/jobs/long")
+    assert page.locator("th.pos").count() == 100
+    assert page.locator("th.pos").first.inner_text().startswith("64")
+    page.get_by_text("older →").click()
+    page.wait_for_url("**/ui/jobs/long?page=1")
+    assert page.locator("th.pos").count() == 30
+    assert page.locator("th.pos").last.inner_text().startswith("0.b50")
+    page.close()
+
+
+def test_with_a_token_pages_show_nothing_until_signed_in(browser, tmp_path, caplog):
+    live = start(tmp_path, token=TOKEN)
+    try:
+        assert httpx.get(live.url + "/v1/jobs").status_code == 401
+        bare = httpx.get(live.url + "/ui/jobs/demo", headers={"X-Fragment": "1"})
+        assert bare.status_code == 401 and "demo" not in bare.text and "n1" not in bare.text
+        context = browser.new_context()
+        page = context.new_page()
+        with caplog.at_level(logging.INFO, logger="ckptstore.server"):
+            page.goto(live.url + "/ui/")
+            assert page.locator("input#token").is_visible()
+            assert "demo" not in page.content()
+            page.fill("input#token", "wrong")
+            page.click("button[type=submit]")
+            assert "not valid" in page.locator(".error").inner_text() and "demo" not in page.content()
+            page.fill("input#token", TOKEN)
+            page.click("button[type=submit]")
+            page.wait_for_url("**/ui/")
+            assert page.locator('tr[data-job="demo"]').is_visible()
+            page.goto(live.url + "/ui/jobs/demo")
+            assert cell(page, "n1", "4").get_attribute("data-state") == "corrupt"
+        (cookie,) = context.cookies()
+        assert cookie["httpOnly"] and cookie["sameSite"] == "Strict" and TOKEN not in cookie["value"]
+        assert TOKEN not in page.url
+        assert not any(TOKEN in record.getMessage() for record in caplog.records), "the token is in no log line"
+        page.screenshot(path=os.path.join(ARTIFACTS, "signed-in.png"))
+        page.click("text=sign out")
+        page.wait_for_url("**/ui/")
+        assert page.locator("input#token").is_visible() and "demo" not in page.content()
+        context.close()
+    finally:
+        live.stop()

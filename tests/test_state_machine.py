@@ -1,0 +1,130 @@
+"""A hypothesis state machine over save / crash mid-save / corrupt / gc / restore on local storage:
+restoring always gives the newest fully committed, intact position, bit-exact, never a partial."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+
+import numpy as np
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from ckptstore import Position, Store
+from ckptstore.errors import CorruptCheckpointError
+from ckptstore.layout import MANIFEST_NAME
+from ckptstore.retention import Candidate, RetentionPolicy, plan_deletions
+from ckptstore.storage import Storage
+
+
+class Killed(BaseException):
+    """Stands for SIGKILL: the process is gone, nothing after this point runs."""
+
+
+class CheckpointMachine(RuleBasedStateMachine):
+    def __init__(self):
+        super().__init__()
+        self.root = tempfile.mkdtemp(prefix="ckpt-sm-")
+        self.store = Store(self.root, shard_size=4096)
+        self.epoch = 0
+        self.attempt = 1
+        self.intact: dict[int, dict[str, np.ndarray]] = {}
+        self.corrupt: set[int] = set()
+
+    def teardown(self):
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    @rule(sizes=st.lists(st.integers(0, 3000), min_size=1, max_size=4), seed=st.integers(0, 2**16))
+    def save(self, sizes, seed):
+        rng = np.random.default_rng(seed)
+        arrays = {f"t{i}": rng.standard_normal(n).astype(np.float32) for i, n in enumerate(sizes)}
+        self.store.save("job", "n0", self.epoch, arrays, attempt=str(self.attempt))
+        self.intact[self.epoch] = arrays
+        self.epoch += 1
+
+    @rule(writes_before_kill=st.integers(0, 6), sizes=st.lists(st.integers(1, 5000), min_size=1, max_size=4))
+    def crash_mid_save(self, writes_before_kill, sizes):
+        """Killed after some shard writes: nothing is cleaned up; the next process is a new attempt."""
+        original_write, original_discard = Storage.write_object, Store._discard_uncommitted
+        budget = {"left": writes_before_kill}
+
+        def write(storage, relpath, chunks):
+            if budget["left"] == 0:
+                raise Killed()
+            budget["left"] -= 1
+            original_write(storage, relpath, chunks)
+
+        Storage.write_object, Store._discard_uncommitted = write, lambda *a: None
+        try:
+            arrays = {f"t{i}": np.ones(n, np.float32) for i, n in enumerate(sizes)}
+            self.store.save("job", "n0", self.epoch, arrays, attempt=str(self.attempt))
+            self.intact[self.epoch] = arrays  # the kill came after the last shard: it committed
+            self.epoch += 1
+        except Killed:
+            pass
+        finally:
+            Storage.write_object, Store._discard_uncommitted = original_write, original_discard
+        self.attempt += 1
+
+    @precondition(lambda self: self.intact)
+    @rule(data=st.data())
+    def corrupt_a_shard(self, data):
+        epoch = data.draw(st.sampled_from(sorted(self.intact)))
+        location = self.store.location("job", "n0", epoch, attempt=self._attempt_of(epoch))
+        shards = sorted(f for f in os.listdir(location) if f != MANIFEST_NAME)
+        path = os.path.join(location, data.draw(st.sampled_from(shards)))
+        with open(path, "r+b") as handle:
+            handle.seek(data.draw(st.integers(0, os.path.getsize(path) - 1)))
+            byte = handle.read(1)
+            handle.seek(-1, os.SEEK_CUR)
+            handle.write(bytes([byte[0] ^ 0xFF]))
+        self.intact.pop(epoch)
+        self.corrupt.add(epoch)
+
+    @rule(keep=st.integers(1, 3))
+    def gc(self, keep):
+        infos = self.store.list_checkpoints("job", "n0")
+        candidates = [Candidate("n0", i.position, i.attempt, i.committed, i.modified) for i in infos]
+        good = {Position(e) for e in self.intact}
+        policy = RetentionPolicy(keep_last=keep, grace_seconds=0)
+        for deletion in plan_deletions(candidates, good=good, policy=policy, now=time.time() + 1):
+            epoch = deletion.position.epoch
+            self.store.delete("job", "n0", epoch, attempt=deletion.attempt)
+            if deletion.reason == "retention":
+                self.intact.pop(epoch, None)
+                self.corrupt.discard(epoch)
+
+    def _attempt_of(self, epoch: int) -> str:
+        committed = [i for i in self.store.list_checkpoints("job", "n0") if i.position.epoch == epoch and i.committed]
+        return committed[-1].attempt
+
+    @invariant()
+    def restore_gives_the_newest_intact_position_bit_exact(self):
+        positions = self.store.list_positions("job", "n0")
+        assert {p.epoch for p in positions} == set(self.intact) | self.corrupt, "committed = saved, never partial"
+        restored = None
+        for position in reversed(positions):
+            try:
+                restored = (position.epoch, self.store.load("job", "n0", position.epoch))
+                break
+            except CorruptCheckpointError:
+                assert position.epoch in self.corrupt
+        if not self.intact:
+            assert restored is None
+            return
+        epoch, arrays = restored
+        assert epoch == max(self.intact)
+        want = self.intact[epoch]
+        assert set(arrays) == set(want) and all(arrays[k].tobytes() == want[k].tobytes() for k in want)
+
+
+CheckpointMachine.TestCase.settings = settings(
+    max_examples=int(os.environ.get("CKPTSTORE_SM_EXAMPLES", "30")),
+    stateful_step_count=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+TestCheckpointMachine = CheckpointMachine.TestCase

@@ -107,7 +107,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     _install_error_handlers(app)
     token = settings.token.get_secret_value() if settings.token else None
     app.add_middleware(LastGoodFastPath)  # innermost: every middleware below still wraps it
-    app.add_middleware(TokenAuth, token=token)
+    job_tokens = {job: secret.get_secret_value() for job, secret in settings.job_tokens.items()}
+    app.add_middleware(TokenAuth, token=token, job_tokens=job_tokens)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     app.add_middleware(TrustedHostMiddleware, allowed_hosts=settings.trusted_host_list)
     app.add_middleware(RequestMetrics)

@@ -40,29 +40,46 @@ async def send_error(send: Send, status: int, code: str, detail: str, headers: d
 
 
 class TokenAuth:
-    """With a token configured, requests must carry `Authorization: Bearer <token>`."""
+    """With tokens configured, requests must carry `Authorization: Bearer <token>`.
 
-    def __init__(self, app: ASGIApp, token: str | None):
+    The admin token reaches every route; a job's token reaches only `/v1/jobs/<job>` and below
+    (403 elsewhere). Tokens are compared with `hmac.compare_digest`, every one of them, every time.
+    """
+
+    def __init__(self, app: ASGIApp, token: str | None, job_tokens: dict[str, str] | None = None):
         self.app = app
         self.token = token.encode() if token else None
+        self.job_tokens = {job: secret.encode() for job, secret in (job_tokens or {}).items()}
+        self.enabled = self.token is not None or bool(self.job_tokens)
+
+    def _job_of(self, supplied: bytes) -> str | None:
+        """The job whose token `supplied` is (all compared, so timing does not tell which matched)."""
+        matched = None
+        for job, secret in self.job_tokens.items():
+            if hmac.compare_digest(supplied, secret):
+                matched = job
+        return matched
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if (
-            self.token is None
-            or scope["type"] != "http"
-            or scope["path"] in OPEN_PATHS
-            or is_dashboard_path(scope["path"])
-        ):
+        path = scope.get("path", "")
+        if not self.enabled or scope["type"] != "http" or path in OPEN_PATHS or is_dashboard_path(path):
             await self.app(scope, receive, send)
             return
         supplied = b""
         for name, value in scope["headers"]:
             if name == b"authorization" and value[:7].lower() == b"bearer ":
                 supplied = value[7:].strip()
-        if not hmac.compare_digest(supplied, self.token):
+        if self.token is not None and hmac.compare_digest(supplied, self.token):
+            await self.app(scope, receive, send)
+            return
+        job = self._job_of(supplied) if supplied else None
+        if job is None:
             await send_error(
                 send, 401, "unauthorized", "a valid bearer token is required", {"WWW-Authenticate": "Bearer"}
             )
+            return
+        if not (path == f"/v1/jobs/{job}" or path.startswith(f"/v1/jobs/{job}/")):
+            await send_error(send, 403, "forbidden", "this token is for another job")
             return
         await self.app(scope, receive, send)
 

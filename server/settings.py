@@ -9,6 +9,8 @@ from platformdirs import user_data_dir
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from ckptstore.names import validate_name
+
 __all__ = ["Settings", "root_is_allowed"]
 
 
@@ -51,6 +53,10 @@ class Settings(BaseSettings):
         default=None,
         description="bearer token every route but /healthz and /readyz requires (prefer the variable: flags show in ps)",
     )
+    job_tokens: dict[str, SecretStr] = Field(
+        default_factory=dict,
+        description='per-job bearer tokens as JSON, {"job": "token"}: each reaches only /v1/jobs/<job>/…',
+    )
     storage: str = Field(default="", description="default storage root for jobs that name none")
     storage_roots: str = Field(default="", description="comma-separated roots a job may use")
     max_body_bytes: int = Field(default=1 << 20, ge=1024, description="largest request body accepted (413 above)")
@@ -60,6 +66,15 @@ class Settings(BaseSettings):
     )
     answer_cache_size: int = Field(default=16384, ge=0, description="last-good answers cached per worker")
     log_level: str = Field(default="info", description="debug, info, warning or error")
+
+    @field_validator("job_tokens")
+    @classmethod
+    def _job_tokens_name_real_jobs(cls, value: dict[str, SecretStr]) -> dict[str, SecretStr]:
+        for job, secret in value.items():
+            validate_name(job, kind="job")
+            if len(secret.get_secret_value()) < 8:
+                raise ValueError(f"the token of job {job!r} is shorter than 8 characters")
+        return value
 
     @field_validator("token", mode="before")
     @classmethod

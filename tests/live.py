@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -53,6 +55,28 @@ class LiveService:
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=10)
+
+
+def start_service_process(tmp_path, port: int, workers: int = 1, db_url: str | None = None) -> subprocess.Popen:
+    """`python -m server` in its own process (so it can be SIGKILLed), ready to serve on `port`."""
+    env = os.environ | {
+        "CKPTSTORE_DB_URL": db_url or f"sqlite:///{tmp_path}/kill.db",
+        "CKPTSTORE_PORT": str(port),
+        "CKPTSTORE_STORAGE": f"{tmp_path}/storage",
+        "CKPTSTORE_LOG_LEVEL": "warning",
+        "CKPTSTORE_WORKERS": str(workers),
+    }
+    process = subprocess.Popen([sys.executable, "-m", "server"], env=env)
+
+    def ready():
+        try:
+            return httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return process.poll() is not None
+
+    wait_for(ready, timeout=30, what="service start")
+    assert process.poll() is None, "the service exited during start"
+    return process
 
 
 def postgres_available() -> bool:

@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import signal
-import subprocess
-import sys
 
 import httpx
 import pytest
 
 from server.settings import Settings, root_is_allowed
-from tests.live import LiveService, wait_for
+from tests.live import LiveService, start_service_process
 from tests.servers import free_port
 from tests.test_service import commit_body, declare
 
@@ -174,30 +171,9 @@ def test_sqlite_pragmas_hold_on_every_pooled_connection(tmp_path):
         database.dispose()
 
 
-def _start_service(tmp_path, port: int, workers: int = 1) -> subprocess.Popen:
-    env = os.environ | {
-        "CKPTSTORE_DB_URL": f"sqlite:///{tmp_path}/kill.db",
-        "CKPTSTORE_PORT": str(port),
-        "CKPTSTORE_STORAGE": f"{tmp_path}/storage",
-        "CKPTSTORE_LOG_LEVEL": "warning",
-        "CKPTSTORE_WORKERS": str(workers),
-    }
-    process = subprocess.Popen([sys.executable, "-m", "server"], env=env)
-
-    def ready():
-        try:
-            return httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return process.poll() is not None
-
-    wait_for(ready, timeout=30, what="service start")
-    assert process.poll() is None, "the service exited during start"
-    return process
-
-
 def test_a_commit_acknowledged_with_201_survives_kill_9(tmp_path):
     port = free_port()
-    process = _start_service(tmp_path, port)
+    process = start_service_process(tmp_path, port)
     storage = f"{tmp_path}/storage"
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}") as client:
@@ -206,7 +182,7 @@ def test_a_commit_acknowledged_with_201_survives_kill_9(tmp_path):
             assert client.post("/v1/jobs/durable/nodes/n0/checkpoints", json=body).status_code == 201
             process.send_signal(signal.SIGKILL)
             process.wait()
-        process = _start_service(tmp_path, port)
+        process = start_service_process(tmp_path, port)
         with httpx.Client(base_url=f"http://127.0.0.1:{port}") as client:
             assert client.get("/v1/jobs/durable/last-good-epoch").json()["epoch"] == 0
     finally:
@@ -217,7 +193,7 @@ def test_a_commit_acknowledged_with_201_survives_kill_9(tmp_path):
 def test_cached_last_good_answers_stay_current_across_workers(tmp_path):
     """Two worker processes, a new connection per request: every answer reflects the latest commit."""
     port = free_port()
-    process = _start_service(tmp_path, port, workers=2)
+    process = start_service_process(tmp_path, port, workers=2)
     storage = f"{tmp_path}/storage"
     try:
         assert httpx.put(f"http://127.0.0.1:{port}/v1/jobs/cached", json={"nodes": ["n0"]}).status_code == 201

@@ -1,0 +1,121 @@
+"""Service faults: the service SIGKILLed and restarted again and again under a 3-node job, and its
+database's filesystem filling up. Every acknowledged commit survives; nothing is applied twice."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import subprocess
+import threading
+import time
+import uuid
+
+import httpx
+import numpy as np
+import pytest
+
+from ckptstore import Position
+from client.node import NodeCheckpointer
+from client.operations import reindex
+from client.service import ServiceClient
+from tests.live import start_service_process
+from tests.servers import free_port
+
+NODES, KILLS = ["n0", "n1", "n2"], 3
+
+
+def test_service_killed_repeatedly_under_a_3_node_job_loses_no_commit(tmp_path, caplog):
+    port, root, job = free_port(), str(tmp_path / "storage"), f"kills-{uuid.uuid4().hex[:6]}"
+    url = f"http://127.0.0.1:{port}"
+    service = [start_service_process(tmp_path, port)]
+    with ServiceClient(url) as client:
+        client.put_job(job, NODES, storage_root=root)
+    nodes = [NodeCheckpointer(job=job, storage=root, service=url, node=n, async_save=False) for n in NODES]
+    for node in nodes:
+        assert node.start() is None
+    killed = threading.Event()
+    trained: dict[str, int] = {}
+
+    def train(node: NodeCheckpointer) -> None:
+        epoch = 0
+        while not killed.is_set() or epoch < 5:  # keep saving through every outage
+            node.save(Position(epoch), {"w": np.full(64, epoch, np.float32)})
+            epoch += 1
+            time.sleep(0.05)
+        trained[node.node] = epoch
+
+    def kill_and_restart() -> None:
+        for _ in range(KILLS):
+            time.sleep(0.8)
+            service[0].send_signal(signal.SIGKILL)
+            service[0].wait()
+            time.sleep(0.5)
+            service[0] = start_service_process(tmp_path, port)
+        killed.set()
+
+    threads = [threading.Thread(target=kill_and_restart)] + [threading.Thread(target=train, args=(n,)) for n in nodes]
+    with caplog.at_level(logging.WARNING, logger="ckptstore.client"):
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=300)
+    assert any("will be re-posted" in r.message for r in caplog.records), "commits did wait for the service"
+    try:
+        for node in nodes:
+            node.close()  # re-posts whatever the last outage left pending
+        with ServiceClient(url) as client:
+            records = client.list_checkpoints(job, limit=10_000)
+            keys = [(r.node, r.epoch, r.attempt) for r in records]
+            assert len(keys) == len(set(keys)) == sum(trained.values()), "every commit once, none twice"
+            assert client.last_good_epoch(job).epoch == min(trained.values()) - 1
+            (check,) = [r for r in reindex(client, root, check=True) if r.job == job]
+            assert check.differences == 0, "storage and the service agree after the outages"
+        assert all(node.skipped_saves == 0 for node in nodes), "the outages never cost a save"
+    finally:
+        service[0].kill()
+        service[0].wait()
+
+
+@pytest.fixture
+def tiny_filesystem(tmp_path):
+    """A 320 KiB tmpfs for the service's database (mount needs root; chmod does not bind root)."""
+    mountpoint = tmp_path / "tiny"
+    mountpoint.mkdir()
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=320k", "tmpfs", str(mountpoint)], capture_output=True)
+    if result.returncode != 0:
+        pytest.skip(f"cannot mount a size-limited tmpfs here: {result.stderr.decode().strip()}")
+    yield mountpoint
+    subprocess.run(["umount", "-l", str(mountpoint)], check=False)
+
+
+def test_a_full_database_filesystem_answers_503_and_keeps_every_acknowledged_commit(tmp_path, tiny_filesystem):
+    port, root = free_port(), str(tmp_path / "storage")
+    db_url = f"sqlite:///{tiny_filesystem}/ckptstore.db"
+    service = start_service_process(tmp_path, port, db_url=db_url)
+    acknowledged, statuses = [], []
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+            assert client.put("/v1/jobs/full", json={"nodes": ["n0"], "storage_root": root}).status_code == 201
+            for epoch in range(3000):
+                location = f"{root}/full/n0/{epoch:010d}/1"
+                body = {"epoch": epoch, "attempt": 1, "location": location, "bytes": 1, "metrics": {"x" * 60: 1.0}}
+                status = client.post("/v1/jobs/full/nodes/n0/checkpoints", json=body).status_code
+                statuses.append(status)
+                if status == 201:
+                    acknowledged.append(epoch)
+                elif statuses[-3:] == [503] * 3:
+                    break
+            assert 503 in statuses, "the filesystem filled up"
+            assert set(statuses) <= {201, 503}, "full disk is 503 with Retry-After, never 500"
+            assert acknowledged, "commits were acknowledged before it filled"
+            recorded = [r["epoch"] for r in client.get("/v1/jobs/full/checkpoints", params={"limit": 10000}).json()]
+            assert recorded == acknowledged, "every acknowledged commit is there, nothing else"
+        service.send_signal(signal.SIGKILL)
+        service.wait()
+        service = start_service_process(tmp_path, port, db_url=db_url)
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+            recorded = [r["epoch"] for r in client.get("/v1/jobs/full/checkpoints", params={"limit": 10000}).json()]
+            assert recorded == acknowledged, "after a kill -9 and restart on the full filesystem, still all there"
+    finally:
+        service.kill()
+        service.wait()

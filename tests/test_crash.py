@@ -11,15 +11,14 @@ import numpy as np
 import pytest
 
 from ckptstore import Store
-from tests.crash_driver import PHASES
+from tests.crash_driver import OBJECT_STORE_PHASES, PHASES, SERVICE_PHASES
 
 KILLS_PER_PHASE = 20
 
 
-@pytest.mark.parametrize("phase", PHASES)
-def test_a_kill_at_any_phase_never_shows_a_partial_checkpoint(tmp_path, phase):
+def run_driver(tmp_path, phase: str, kills: int, *extra: str) -> dict:
     result = subprocess.run(
-        [sys.executable, "-m", "tests.crash_driver", str(tmp_path), phase, str(KILLS_PER_PHASE)],
+        [sys.executable, "-m", "tests.crash_driver", str(tmp_path), phase, str(kills), *extra],
         capture_output=True,
         text=True,
         timeout=240,
@@ -27,10 +26,30 @@ def test_a_kill_at_any_phase_never_shows_a_partial_checkpoint(tmp_path, phase):
     )
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout)
-    assert summary["killed"] == KILLS_PER_PHASE, summary
+    assert summary["killed"] == kills, summary
     assert summary["partial_listed"] == 0, summary
     assert summary["bad_loads"] == 0, summary
     assert summary["wrong_commit_state"] == 0, summary
+    assert summary["wrong_last_good"] == 0, summary
+    return summary
+
+
+@pytest.mark.parametrize("phase", PHASES)
+def test_a_kill_at_any_phase_never_shows_a_partial_checkpoint(tmp_path, phase):
+    run_driver(tmp_path, phase, KILLS_PER_PHASE)
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize("phase", OBJECT_STORE_PHASES)
+def test_a_kill_at_any_phase_on_s3_never_shows_a_partial_checkpoint(moto_s3, phase):
+    root = f"s3://{moto_s3.bucket}/crash-{phase}-{os.getpid()}"
+    run_driver(root, phase, 8, moto_s3.endpoint_url)
+
+
+@pytest.mark.parametrize("phase", SERVICE_PHASES)
+def test_a_kill_of_one_node_of_three_keeps_the_last_good_answer_right(tmp_path, sqlite_service, phase):
+    root = f"{sqlite_service.storage}/crash3-{phase}"
+    run_driver(root, phase, 8, "-", sqlite_service.live.url)
 
 
 def test_commit_order_is_fsync_file_then_rename_then_fsync_dir(tmp_path, monkeypatch):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -12,6 +13,9 @@ from hypothesis import strategies as st
 from ckptstore import Position, Store
 from ckptstore.manifest import ManifestError, parse_manifest
 from ckptstore.shard import checksum, format_crc
+
+# CI runs 300; the long run in bench/RESULTS.md sets CKPTSTORE_MANIFEST_EXAMPLES=10000.
+FUZZ_EXAMPLES = int(os.environ.get("CKPTSTORE_MANIFEST_EXAMPLES", "300"))
 
 
 def resealed(body: dict) -> bytes:
@@ -75,7 +79,7 @@ def test_oversized_manifest_is_refused_without_parsing():
         parse_manifest(b" " * (64 << 20) + b"{}")
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=FUZZ_EXAMPLES, deadline=None)
 @given(st.binary(max_size=2048))
 def test_random_bytes_never_parse_and_never_crash_otherwise(data):
     with pytest.raises(ManifestError):
@@ -88,7 +92,7 @@ def real_manifest(tmp_path_factory) -> dict:
     return json.loads(store.save("job", "n", 0, {"a": np.arange(4)}, attempt=1).manifest.to_json())
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=FUZZ_EXAMPLES, deadline=None)
 @given(data=st.data())
 def test_mutated_real_manifests_are_refused_or_identical(real_manifest, data):
     body = json.loads(json.dumps(real_manifest))

@@ -28,6 +28,8 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -145,6 +147,20 @@ def explain_last_good(url: str, job: str) -> list[str]:
             plans.append(f"{' '.join(statement.split())[:160]}  =>  {plan}")
     database.dispose()
     return plans
+
+
+@contextmanager
+def running_service(url: str, workers: int, root: str) -> Iterator[tuple[int, subprocess.Popen]]:
+    """`python -m server` on a free loopback port for the duration of the block: (port, process)."""
+    from tests.servers import free_port
+
+    port = free_port()
+    process = start_service(url, port, workers, root)
+    try:
+        yield port, process
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=30)
 
 
 def start_service(url: str, port: int, workers: int, root: str) -> subprocess.Popen:
@@ -278,8 +294,6 @@ def main() -> None:
     args = parser.parse_args()
     if shutil.which("wrk") is None:
         sys.exit("wrk is needed: apt-get install wrk")
-    from tests.servers import free_port
-
     results = {
         "command": " ".join(["python"] + sys.argv),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
@@ -296,9 +310,7 @@ def main() -> None:
             results[f"populate_{kind}_s"] = populate(url, args.jobs, args.nodes, args.epochs, root)
             results["explain"][kind] = explain_last_good(url, "job-00042")
             for workers in args.workers:
-                port = free_port()
-                process = start_service(url, port, workers, root)
-                try:
+                with running_service(url, workers, root) as (port, _):
                     run = {"db": kind, "workers": workers, "trivial": run_wrk_plain(port, args.duration)}
                     # Steady state first: every job's answer cached once, as in a running deployment.
                     run["warmup_s"] = asyncio.run(warm_up(port, args.jobs))
@@ -318,9 +330,6 @@ def main() -> None:
                     run["fixed_rate_after_writes"] = asyncio.run(fixed_rate(port, args.rate, args.duration, args.jobs))
                     results["runs"].append(run)
                     print(json.dumps(run), flush=True)
-                finally:
-                    process.send_signal(signal.SIGTERM)
-                    process.wait(timeout=30)
         finally:
             drop()
             shutil.rmtree(tmp, ignore_errors=True)

@@ -19,7 +19,6 @@ import platform
 import random
 import re
 import shutil
-import signal
 import statistics
 import sys
 import tempfile
@@ -27,9 +26,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.service import make_database, populate, start_service
+from bench.service import make_database, populate, running_service
 from server.migrate import migrate
-from tests.servers import free_port
 
 NODES, EPOCHS, WARM_UP_S = 8, 20, 10
 
@@ -127,13 +125,8 @@ def main() -> None:
     try:
         migrate(url)
         populate(url, args.jobs, NODES, EPOCHS, root)
-        port = free_port()
-        process = start_service(url, port, 1, root)
-        try:
+        with running_service(url, 1, root) as (port, process):
             result = asyncio.run(soak(port, process.pid, args.rate, args.duration, args.jobs, root))
-        finally:
-            process.send_signal(signal.SIGTERM)
-            process.wait(timeout=30)
     finally:
         drop()
         shutil.rmtree(tmp, ignore_errors=True)

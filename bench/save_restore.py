@@ -7,7 +7,7 @@ Local disk: ckptstore vs (a) raw fsspec — one file written sequentially + fsyn
 TensorFlow is installed). S3 (moto server in its own process): ckptstore vs (a) one object per
 tensor, all in flight (fsspec `pipe`/`cat`). Runs are interleaved A B C A B C …, order rotated each
 repetition; loads are cold (page cache dropped) where the OS allows it. Also: extra RSS during a
-save, a shard-size sweep, and random-instant SIGKILL trials during saves on local disk.
+save, a shard-size sweep, and random-instant SIGKILL trials during saves on local disk and on S3.
 """
 
 from __future__ import annotations
@@ -201,32 +201,32 @@ def interleave(methods, size: int, reps: int, new_dir: Callable[[], str], remove
     return rows
 
 
-def _saving_child(root: str, arrays: dict[str, np.ndarray], epoch: int) -> int:
+def _saving_child(root: str, options: dict | None, arrays: dict[str, np.ndarray], epoch: int) -> int:
     pid = os.fork()
     if pid == 0:
         try:
-            Store(root, shard_size=1 << 20).save("kills", "n", epoch, arrays, attempt=1)
+            Store(root, storage_options=options, shard_size=1 << 20).save("kills", "n", epoch, arrays, attempt=1)
         finally:
             os._exit(0)
     return pid
 
 
-def random_kills(trials: int) -> dict:
+def random_kills(trials: int, root: str, options: dict | None = None) -> dict:
     """SIGKILL a saving child at a random instant; the listing must never show a partial checkpoint.
 
     The kill instant is uniform over 1.3 × the measured lifetime of an unkilled child (fork, save,
-    commit, exit), so kills land in every phase, the commit included.
+    commit, exit), so kills land in every phase, the commit included. `root` is local or s3://.
     """
-    root = tempfile.mkdtemp(prefix="ckptstore-kills-")
     arrays = model_like(8 << 20)
     lifetimes = []
     for epoch in range(10**6, 10**6 + 7):
         started = time.perf_counter()
-        os.waitpid(_saving_child(root, arrays, epoch), 0)
+        os.waitpid(_saving_child(root, options, arrays, epoch), 0)
         lifetimes.append(time.perf_counter() - started)
     lifetime = statistics.median(lifetimes)
-    reader = Store(root)
+    reader = Store(root, storage_options=options)
     outcome = {
+        "root": root.split("://")[0] if "://" in root else "local",
         "trials": trials,
         "committed_intact": 0,
         "not_committed": 0,
@@ -234,7 +234,7 @@ def random_kills(trials: int) -> dict:
         "child_lifetime_s": lifetime,
     }
     for trial in range(trials):
-        pid = _saving_child(root, arrays, trial)
+        pid = _saving_child(root, options, arrays, trial)
         time.sleep(random.uniform(0, lifetime * 1.3))
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
@@ -248,8 +248,7 @@ def random_kills(trials: int) -> dict:
         else:
             outcome["not_committed"] += 1
         if trial % 50 == 49:
-            shutil.rmtree(os.path.join(root, "kills"), ignore_errors=True)
-    shutil.rmtree(root, ignore_errors=True)
+            open_storage(root, options).remove_prefix("kills")
     return outcome
 
 
@@ -287,7 +286,7 @@ def main() -> None:
     parser.add_argument("--kills", type=int, default=1000)
     parser.add_argument("--shard-mib", type=int, default=None, help="ckptstore shard size (default: the library's)")
     parser.add_argument("--sweep", action="store_true", help="also sweep shard sizes")
-    parser.add_argument("--skip", nargs="*", default=[], choices=["local", "s3", "kills"])
+    parser.add_argument("--skip", nargs="*", default=[], choices=["local", "s3", "kills", "s3-kills"])
     parser.add_argument("--out", default=None, help="write the JSON results here")
     args = parser.parse_args()
     os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
@@ -353,7 +352,18 @@ def main() -> None:
             process.terminate()
             process.wait()
     if "kills" not in args.skip and args.kills:
-        results["random_kills"] = random_kills(args.kills)
+        root = tempfile.mkdtemp(prefix="ckptstore-kills-")
+        results["random_kills"] = random_kills(args.kills, root)
+        shutil.rmtree(root, ignore_errors=True)
+    if "s3-kills" not in args.skip and args.kills:
+        process, endpoint = start_moto()
+        try:
+            options = {"endpoint_url": endpoint, "key": "testing", "secret": "testing"}
+            open_storage("s3://kills", options).fs.mkdir("kills")
+            results["random_kills_s3"] = random_kills(args.kills, "s3://kills/bench", options)
+        finally:
+            process.terminate()
+            process.wait()
     text = json.dumps(results, indent=1)
     print(text)
     if args.out:

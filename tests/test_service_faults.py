@@ -49,7 +49,7 @@ def test_service_killed_repeatedly_under_a_3_node_job_loses_no_commit(tmp_path, 
             time.sleep(0.8)
             service[0].send_signal(signal.SIGKILL)
             service[0].wait()
-            time.sleep(0.5)
+            time.sleep(3.0)  # longer than the client's retries (≈ 2 s): commits must wait for the service
             service[0] = start_service_process(tmp_path, port)
         killed.set()
 

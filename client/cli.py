@@ -137,11 +137,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from client.operations import iter_records, verify_job
 
     with _client(args) as client:
-        total = sum(r.bytes for r in iter_records(client, args.job, epoch=args.epoch, state="committed"))
-        with _progress(total, "verify") as progress:
-            checked = verify_job(client, args.job, epoch=args.epoch, progress=progress)
+        records = list(iter_records(client, args.job, epoch=args.epoch, state="committed"))
+        with _progress(sum(r.bytes for r in records), "verify") as progress:
+            checked = verify_job(client, args.job, records, progress=progress)
     if not checked:
-        raise NothingFound(f"no committed checkpoint of {args.job}" + (f" at epoch {args.epoch}" if args.epoch else ""))
+        at = "" if args.epoch is None else f" at epoch {args.epoch}"
+        raise NothingFound(f"no committed checkpoint of {args.job}{at}")
     rows = [
         {
             "node": c.record.node,

@@ -60,16 +60,16 @@ class Checked:
 
 
 def verify_job(
-    client: ServiceClient, job: str, *, epoch: int | None = None, progress: Progress = lambda n: None
+    client: ServiceClient, job: str, records: list[CheckpointRecord], *, progress: Progress = lambda n: None
 ) -> list[Checked]:
-    """Verify every shard and tensor checksum of every node's committed checkpoints (one epoch, or all).
+    """Verify every shard and tensor checksum of the given committed records of a job
+    (`iter_records(client, job, state="committed")` for all of them).
 
     A checkpoint that fails is marked corrupt in the service, so its position stops counting as good.
     """
-    info = client.get_job(job)
-    store = Store(info.storage_root)
+    store = Store(client.get_job(job).storage_root)
     checked = []
-    for record in iter_records(client, job, epoch=epoch, state="committed"):
+    for record in records:
         try:
             report = store.verify(job, record.node, record.epoch, batch=record.batch, attempt=record.attempt)
         except CheckpointNotFoundError:

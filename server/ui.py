@@ -98,7 +98,7 @@ def _human_bytes(n: float) -> str:
     return f"{n} B"
 
 
-templates.globals.update(when=_when, position=_position, sparkline=_sparkline, human_bytes=_human_bytes)
+templates.globals.update(when=_when, position=_position, human_bytes=_human_bytes)
 
 
 def _page(request: Request, template: str, title: str, status: int = 200, **context) -> HTMLResponse:

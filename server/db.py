@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 __all__ = ["make_engine", "Database", "SQLITE_PRAGMAS"]
@@ -52,6 +53,7 @@ class Database:
         marker = "?" if engine.dialect.paramstyle == "qmark" else "%s"
         self.version_sql = f"SELECT version FROM jobs WHERE name = {marker}"
         self._version_connection: Any = None
+        self.errors: tuple[type[Exception], ...] = (SQLAlchemyError, engine.dialect.loaded_dbapi.Error)
 
     @contextmanager
     def read(self) -> Iterator[Session]:
@@ -62,7 +64,8 @@ class Database:
         """The job's version counter, read on a dedicated autocommit DBAPI connection.
 
         The hot path's one database read: no pool checkout, no transaction, a prepared statement.
-        Call it from one thread only (the event loop); the connection is reopened once on error.
+        Call it from one thread only (the event loop); the connection is reopened once on error,
+        then the error (one of `self.errors`) propagates.
         """
         for retry in (False, True):
             try:

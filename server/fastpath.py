@@ -2,8 +2,8 @@
 
 Sits innermost (auth, body limit, trusted hosts and metrics still wrap it). On a cache hit for
 `GET /v1/jobs/{job}/last-good-epoch[?max_epoch=N]` whose job version is unchanged, it answers with
-the cached bytes; anything else — a miss, a bad name, other parameters — goes to the FastAPI route,
-which computes the answer and fills the cache.
+the cached bytes; anything else — a miss, a bad name, other parameters, a database error — goes to
+the FastAPI route, which computes the answer and fills the cache (or answers the error).
 """
 
 from __future__ import annotations
@@ -58,5 +58,8 @@ class LastGoodFastPath:
             return None
         max_epoch = None if query.group(1) is None else int(query.group(1))
         state = scope["app"].state
-        version = state.db.job_version(job)
+        try:
+            version = state.db.job_version(job)
+        except state.db.errors:  # the database is away: the route answers (503) through the app's handlers
+            return None
         return None if version is None else state.answers.get((job, max_epoch), version)

@@ -118,3 +118,43 @@ class ScratchPostgres:
         with self._admin.connect() as connection:
             connection.execute(text(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)'))
         self._admin.dispose()
+
+
+class PrivatePostgres:
+    """A PostgreSQL cluster of its own (initdb in a temporary directory, its own port), so a test can
+    crash and restart it without disturbing the machine's server. Needs root (initdb runs as the
+    postgres user, FACTS.md) and the server binaries."""
+
+    def __init__(self) -> None:
+        import glob
+        import tempfile
+
+        binaries = sorted(glob.glob("/usr/lib/postgresql/*/bin"))
+        if os.geteuid() != 0 or not binaries:
+            raise RuntimeError("a private PostgreSQL cluster needs root and /usr/lib/postgresql/*/bin")
+        self.bin, self.port = binaries[-1], free_port()
+        self.dir = tempfile.mkdtemp(prefix="ckptstore-pg-")
+        shutil.chown(self.dir, "postgres", "postgres")
+        self._as_postgres("initdb", "-D", f"{self.dir}/data", "-U", "postgres", "-A", "trust", "--no-sync")
+        self.url = f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/postgres"
+        self.start()
+
+    def _as_postgres(self, program: str, *args: str) -> None:
+        command = ["runuser", "-u", "postgres", "--", f"{self.bin}/{program}", *args]
+        subprocess.run(command, check=True, capture_output=True, cwd=self.dir)
+
+    def start(self) -> None:
+        options = f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1"
+        self._as_postgres("pg_ctl", "-D", f"{self.dir}/data", "-o", options, "-l", f"{self.dir}/log", "-w", "start")
+
+    def crash(self) -> None:
+        """Stop as a power cut would: immediate mode, no checkpoint; recovery replays the WAL."""
+        self._as_postgres("pg_ctl", "-D", f"{self.dir}/data", "-m", "immediate", "-w", "stop")
+
+    def destroy(self) -> None:
+        subprocess.run(
+            ["runuser", "-u", "postgres", "--", f"{self.bin}/pg_ctl", "-D", f"{self.dir}/data", "-m", "immediate",
+             "stop"],
+            capture_output=True,
+        )
+        shutil.rmtree(self.dir, ignore_errors=True)

@@ -1,5 +1,6 @@
-"""Service faults: the service SIGKILLed and restarted again and again under a 3-node job, and its
-database's filesystem filling up. Every acknowledged commit survives; nothing is applied twice."""
+"""Service faults: the service SIGKILLed and restarted again and again under a 3-node job, its
+PostgreSQL crashed and restarted under one, and its database's filesystem filling up. Every
+acknowledged commit survives; nothing is applied twice."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import subprocess
 import threading
 import time
 import uuid
+from collections.abc import Callable
 
 import httpx
 import numpy as np
@@ -18,48 +20,61 @@ from ckptstore import Position
 from client.node import NodeCheckpointer
 from client.operations import reindex
 from client.service import ServiceClient
-from tests.live import start_service_process
+from tests.live import PrivatePostgres, start_service_process
 from tests.servers import free_port
 
-NODES, KILLS = ["n0", "n1", "n2"], 3
+NODES, OUTAGES = ["n0", "n1", "n2"], 3
+OUTAGE_S = 3.0  # longer than the client's retries (≈ 2 s): commits must wait for the service
 
 
-def test_service_killed_repeatedly_under_a_3_node_job_loses_no_commit(tmp_path, caplog):
-    port, root, job = free_port(), str(tmp_path / "storage"), f"kills-{uuid.uuid4().hex[:6]}"
+def train_3_nodes_through_outages(tmp_path, caplog, outage: Callable[[list, int], None], db_url: str | None = None) -> None:
+    """Three nodes save epoch after epoch while `outage([service process], port)` strikes OUTAGES times; then every
+    acknowledged commit is there exactly once, the last good epoch is right, storage and service agree."""
+    port, root, job = free_port(), str(tmp_path / "storage"), f"outages-{uuid.uuid4().hex[:6]}"
     url = f"http://127.0.0.1:{port}"
-    service = [start_service_process(tmp_path, port)]
+    service = [start_service_process(tmp_path, port, db_url=db_url)]
     with ServiceClient(url) as client:
         client.put_job(job, NODES, storage_root=root)
     nodes = [NodeCheckpointer(job=job, storage=root, service=url, node=n, async_save=False) for n in NODES]
     for node in nodes:
         assert node.start() is None
-    killed = threading.Event()
+    done = threading.Event()
     trained: dict[str, int] = {}
+    answers: list[int] = []
 
     def train(node: NodeCheckpointer) -> None:
         epoch = 0
-        while not killed.is_set() or epoch < 5:  # keep saving through every outage
+        while not done.is_set() or epoch < 5:  # keep saving through every outage
             node.save(Position(epoch), {"w": np.full(64, epoch, np.float32)})
             epoch += 1
             time.sleep(0.05)
         trained[node.node] = epoch
 
-    def kill_and_restart() -> None:
-        for _ in range(KILLS):
-            time.sleep(0.8)
-            service[0].send_signal(signal.SIGKILL)
-            service[0].wait()
-            time.sleep(3.0)  # longer than the client's retries (≈ 2 s): commits must wait for the service
-            service[0] = start_service_process(tmp_path, port)
-        killed.set()
+    def query() -> None:  # a reader asking throughout: answers are 200 or 503, never another 5xx
+        with httpx.Client(base_url=url, timeout=5) as reader:
+            while not done.is_set():
+                for path in (f"/v1/jobs/{job}/last-good-epoch", "/readyz"):
+                    try:
+                        answers.append(reader.get(path).status_code)
+                    except httpx.TransportError:
+                        pass
+                time.sleep(0.02)
 
-    threads = [threading.Thread(target=kill_and_restart)] + [threading.Thread(target=train, args=(n,)) for n in nodes]
+    def strike() -> None:
+        for _ in range(OUTAGES):
+            time.sleep(0.8)
+            outage(service, port)
+        done.set()
+
+    threads = [threading.Thread(target=strike), threading.Thread(target=query)] + [threading.Thread(target=train, args=(n,)) for n in nodes]
     with caplog.at_level(logging.WARNING, logger="ckptstore.client"):
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join(timeout=300)
+    assert done.is_set() and len(trained) == len(NODES), "every outage struck and every node finished"
     assert any("will be re-posted" in r.message for r in caplog.records), "commits did wait for the service"
+    assert 200 in answers and set(answers) <= {200, 503}, f"readers got {sorted(set(answers))}"
     try:
         for node in nodes:
             node.close()  # re-posts whatever the last outage left pending
@@ -74,6 +89,37 @@ def test_service_killed_repeatedly_under_a_3_node_job_loses_no_commit(tmp_path, 
     finally:
         service[0].kill()
         service[0].wait()
+
+
+def test_service_killed_repeatedly_under_a_3_node_job_loses_no_commit(tmp_path, caplog):
+    def kill_and_restart(service: list, port: int) -> None:
+        service[0].send_signal(signal.SIGKILL)
+        service[0].wait()
+        time.sleep(OUTAGE_S)
+        service[0] = start_service_process(tmp_path, port)
+
+    train_3_nodes_through_outages(tmp_path, caplog, kill_and_restart)
+
+
+@pytest.fixture
+def private_postgres():
+    try:
+        cluster = PrivatePostgres()
+    except (RuntimeError, subprocess.CalledProcessError) as exc:
+        pytest.skip(f"no private PostgreSQL cluster here: {exc}")
+    yield cluster
+    cluster.destroy()
+
+
+def test_postgres_crashed_and_restarted_under_a_3_node_job_loses_no_commit(tmp_path, caplog, private_postgres):
+    """The service keeps running; its database crashes (immediate stop: WAL replay on start) 3 times."""
+
+    def crash_and_restart(_service: list, _port: int) -> None:
+        private_postgres.crash()
+        time.sleep(OUTAGE_S)
+        private_postgres.start()
+
+    train_3_nodes_through_outages(tmp_path, caplog, crash_and_restart, db_url=private_postgres.url)
 
 
 @pytest.fixture

@@ -139,9 +139,9 @@ class PrivatePostgres:
         self.url = f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/postgres"
         self.start()
 
-    def _as_postgres(self, program: str, *args: str) -> None:
+    def _as_postgres(self, program: str, *args: str, check: bool = True) -> None:
         command = ["runuser", "-u", "postgres", "--", f"{self.bin}/{program}", *args]
-        subprocess.run(command, check=True, capture_output=True, cwd=self.dir)
+        subprocess.run(command, check=check, capture_output=True, cwd=self.dir)
 
     def start(self) -> None:
         options = f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1"
@@ -152,9 +152,5 @@ class PrivatePostgres:
         self._as_postgres("pg_ctl", "-D", f"{self.dir}/data", "-m", "immediate", "-w", "stop")
 
     def destroy(self) -> None:
-        subprocess.run(
-            ["runuser", "-u", "postgres", "--", f"{self.bin}/pg_ctl", "-D", f"{self.dir}/data", "-m", "immediate",
-             "stop"],
-            capture_output=True,
-        )
+        self._as_postgres("pg_ctl", "-D", f"{self.dir}/data", "-m", "immediate", "stop", check=False)
         shutil.rmtree(self.dir, ignore_errors=True)

@@ -27,9 +27,12 @@ NODES, OUTAGES = ["n0", "n1", "n2"], 3
 OUTAGE_S = 3.0  # longer than the client's retries (≈ 2 s): commits must wait for the service
 
 
-def train_3_nodes_through_outages(tmp_path, caplog, outage: Callable[[list, int], None], db_url: str | None = None) -> None:
-    """Three nodes save epoch after epoch while `outage([service process], port)` strikes OUTAGES times; then every
-    acknowledged commit is there exactly once, the last good epoch is right, storage and service agree."""
+def train_3_nodes_through_outages(
+    tmp_path, caplog, outage: Callable[[list, int], None], db_url: str | None = None
+) -> None:
+    """Three nodes save epoch after epoch while `outage([service process], port)` strikes OUTAGES
+    times and a reader asks for the last good epoch; then every acknowledged commit is there exactly
+    once, the last good epoch is right, and storage and the service agree."""
     port, root, job = free_port(), str(tmp_path / "storage"), f"outages-{uuid.uuid4().hex[:6]}"
     url = f"http://127.0.0.1:{port}"
     service = [start_service_process(tmp_path, port, db_url=db_url)]
@@ -66,7 +69,9 @@ def train_3_nodes_through_outages(tmp_path, caplog, outage: Callable[[list, int]
             outage(service, port)
         done.set()
 
-    threads = [threading.Thread(target=strike), threading.Thread(target=query)] + [threading.Thread(target=train, args=(n,)) for n in nodes]
+    threads = [threading.Thread(target=strike), threading.Thread(target=query)] + [
+        threading.Thread(target=train, args=(n,)) for n in nodes
+    ]
     with caplog.at_level(logging.WARNING, logger="ckptstore.client"):
         for thread in threads:
             thread.start()

@@ -15,6 +15,7 @@ from ckptstore.errors import InvalidNameError
 
 __all__ = [
     "NAME_PATTERN",
+    "NAME_JSON_SCHEMA",
     "validate_name",
     "validate_attempt",
     "attempt_sort_key",
@@ -24,6 +25,8 @@ __all__ = [
 
 NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}"
 _NAME_RE = re.compile(NAME_PATTERN + r"\Z")
+# The same rule for OpenAPI documents and request generators, '..' excluded without look-ahead.
+NAME_JSON_SCHEMA = {"pattern": r"^[A-Za-z0-9](?:[A-Za-z0-9_-]|\.[A-Za-z0-9_-])*\.?$", "maxLength": 128}
 _ATTEMPT_RE = re.compile(r"([1-9][0-9]{0,9})(?:-([0-9a-f]{8}))?\Z")
 _MAX_DECODE_ROUNDS = 4
 

@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from ckptstore.names import validate_attempt, validate_name
+from ckptstore.names import NAME_JSON_SCHEMA, validate_attempt, validate_name
 from ckptstore.position import POSITION_LIMIT, Position
 from ckptstore.retention import RetentionPolicy
 
@@ -43,7 +43,9 @@ __all__ = [
     "CheckpointState",
 ]
 
-Name = Annotated[str, Field(min_length=1, max_length=128), AfterValidator(validate_name)]
+Name = Annotated[
+    str, Field(min_length=1, max_length=128, json_schema_extra=NAME_JSON_SCHEMA), AfterValidator(validate_name)
+]
 AttemptId = Annotated[str | int, AfterValidator(validate_attempt)]
 Count = Annotated[int, Field(ge=0, lt=POSITION_LIMIT, strict=True)]
 CheckpointState = Literal["committed", "corrupt", "deleted"]

@@ -11,7 +11,7 @@ from typing import Annotated
 from fastapi import Depends, Path, Request
 
 from ckptstore.errors import InvalidNameError
-from ckptstore.names import validate_name
+from ckptstore.names import NAME_JSON_SCHEMA, validate_name
 from server.db import Database
 from server.errors import ApiError
 from server.settings import Settings
@@ -34,11 +34,11 @@ def _validated_name(value: str, kind: str) -> str:
         raise ApiError.invalid(str(exc)) from None
 
 
-async def _job_name(job: Annotated[str, Path(description="job name")]) -> str:
+async def _job_name(job: Annotated[str, Path(description="job name", json_schema_extra=NAME_JSON_SCHEMA)]) -> str:
     return _validated_name(job, "job")
 
 
-async def _node_name(node: Annotated[str, Path(description="node name")]) -> str:
+async def _node_name(node: Annotated[str, Path(description="node name", json_schema_extra=NAME_JSON_SCHEMA)]) -> str:
     return _validated_name(node, "node")
 
 

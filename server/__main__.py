@@ -13,6 +13,7 @@ import sys
 import uvicorn
 
 from server.migrate import migrate
+from server.protocol import BoundedHttpToolsProtocol
 from server.settings import Settings
 
 
@@ -52,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         port=settings.port,
         workers=settings.workers,
         loop="uvloop",
-        http="httptools",
+        http=BoundedHttpToolsProtocol,
         log_level=settings.log_level.lower(),
         access_log=False,
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import signal
+import socket
 
 import httpx
 import pytest
@@ -49,6 +50,7 @@ def test_bad_node_sets_are_refused(service, job_name, nodes):
     [
         {"epoch": -1},
         {"epoch": 10**10},
+        {"epoch": 10**30},
         {"batch": -3},
         {"batch": 10**10},
         {"epoch": True},
@@ -89,6 +91,12 @@ def test_malformed_and_oversized_bodies(service, job_name):
 
         streamed = client.post(path, content=chunks(), headers={"content-type": "application/json"})
         assert streamed.status_code == 413
+        ten_mb_name = client.put(f"/v1/jobs/{job_name}-2", json={"nodes": ["x" * 10_000_000]})
+        assert ten_mb_name.status_code == 413 and ten_mb_name.json()["error"] == "too_large"
+        for content_type in ("text/plain", "application/x-www-form-urlencoded", "application/xml"):
+            body = json.dumps(commit_body(service, job_name, "n0", 0))
+            wrong = client.post(path, content=body, headers={"content-type": content_type})
+            assert wrong.status_code == 422 and wrong.json()["error"] == "invalid", content_type
         assert client.get(f"/v1/jobs/{job_name}/checkpoints").json() == []
 
 
@@ -169,6 +177,39 @@ def test_sqlite_pragmas_hold_on_every_pooled_connection(tmp_path):
         for connection in connections:
             connection.close()
         database.dispose()
+
+
+def raw_exchange(port: int, request: bytes) -> bytes:
+    """Send `request` as is on a new connection; return the whole answer (the server closes)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        try:
+            sock.sendall(request)
+        except OSError:  # the server answered and closed before reading everything: fine
+            pass
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+        return answer
+
+
+def test_a_10_mb_url_or_header_gets_431_and_is_not_buffered(tmp_path):
+    """`python -m server` as shipped (uvicorn + httptools bounds neither the URL nor the headers)."""
+    port = free_port()
+    process = start_service_process(tmp_path, port)
+    try:
+        ten_mb = b"x" * 10_000_000
+        for request in (
+            b"GET /v1/jobs/" + ten_mb + b"/last-good-epoch HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+            b"GET /v1/jobs HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Padding: " + ten_mb + b"\r\n\r\n",
+        ):
+            head, _, body = raw_exchange(port, request).partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 431 "), head[:100]
+            assert json.loads(body)["error"] == "too_large"
+        normal = b"GET /readyz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Padding: " + b"y" * 100_000
+        assert raw_exchange(port, normal + b"\r\nConnection: close\r\n\r\n").startswith(b"HTTP/1.1 200 ")
+    finally:
+        process.kill()
+        process.wait()
 
 
 def test_a_commit_acknowledged_with_201_survives_kill_9(tmp_path):

@@ -21,6 +21,7 @@ import fsspec
 import numpy as np
 from fsspec.implementations.local import LocalFileSystem
 
+from ckptstore.direct_io import open_direct, write_direct
 from ckptstore.layout import MANIFEST_TEMP_PREFIX
 
 __all__ = ["Storage", "StoredFile", "open_storage"]
@@ -68,12 +69,20 @@ class Storage:
     # -- writing -------------------------------------------------------------------------------
 
     def write_object(self, relpath: str, chunks: Iterable[memoryview | bytes]) -> None:
-        """Write a whole object from chunks. Local files land in the page cache: `sync_files` makes them durable."""
+        """Write a whole object from chunks. Local files are written with O_DIRECT where the filesystem
+        allows it (else into the page cache); either way `sync_files` makes them durable."""
         path = self.path(relpath)
         if self.is_local:
-            with open(path, "wb") as handle:
-                for chunk in chunks:
-                    handle.write(chunk)
+            fd = open_direct(path)
+            if fd is None:
+                with open(path, "wb") as handle:
+                    for chunk in chunks:
+                        handle.write(chunk)
+                return
+            try:
+                write_direct(fd, chunks)
+            finally:
+                os.close(fd)
         else:
             # Object stores need one bytes body (botocore refuses memoryviews): this is the one copy.
             self.fs.pipe_file(path, b"".join(chunks))

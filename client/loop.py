@@ -11,6 +11,7 @@ for epoch in range(start, EPOCHS):
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,7 +20,15 @@ import numpy as np
 from ckptstore import Position
 from client.node import NodeCheckpointer, OnError
 from client.preemption import PreemptionNotice
-from client.state import RestoreReport, collect_variables, describe, restore_arrays, snapshot
+from client.state import (
+    RestoreReport,
+    collect_variables,
+    describe,
+    prepare_staging,
+    restore_arrays,
+    snapshot,
+    staging_layout,
+)
 
 __all__ = ["CheckpointManager"]
 
@@ -74,7 +83,9 @@ class CheckpointManager:
         self.resume_position: Position | None = None
         self.restore_report: RestoreReport | None = None
         self.preemption = PreemptionNotice(preemption_budget_s)
+        self.async_save = async_save
         self._staging: dict[str, np.ndarray] = {}
+        self._staging_warm_up: threading.Thread | None = None
 
     def restore_or_initialize(self) -> int:
         """Restore the last good position (if any) and return the next epoch to run (0 on a fresh job).
@@ -84,6 +95,7 @@ class CheckpointManager:
         self.preemption.install()
         self.resume_position = self.checkpointer.start()
         if self.resume_position is None:
+            self._warm_up_staging()
             return 0
         _build_optimizers(self.objects)
         arrays = self.checkpointer.load(self.resume_position)
@@ -91,8 +103,19 @@ class CheckpointManager:
             self.checkpointer.job, self.checkpointer.node, self.resume_position.epoch, batch=self.resume_position.batch
         ).metadata.get("variables")
         self.restore_report = restore_arrays(collect_variables(self.objects), arrays, strict=self.strict, saved=saved)
+        self._warm_up_staging()
         position = self.resume_position
         return position.epoch + 1 if position.is_end_of_epoch else position.epoch
+
+    def _warm_up_staging(self) -> None:
+        """With async saves, allocate the staging buffers on a thread while the first epoch trains."""
+        if not (self.async_save and self.checkpointer.writes):
+            return
+        layout = staging_layout(collect_variables(self.objects))
+        self._staging_warm_up = threading.Thread(
+            target=prepare_staging, args=(layout, self._staging), name="ckptstore-staging", daemon=True
+        )
+        self._staging_warm_up.start()
 
     def save(
         self,
@@ -107,6 +130,9 @@ class CheckpointManager:
         if not self.checkpointer.writes:
             return
         self.checkpointer.wait()
+        if self._staging_warm_up is not None:
+            self._staging_warm_up.join()
+            self._staging_warm_up = None
         variables = collect_variables(self.objects)
         arrays = snapshot(variables, self._staging)
         self.checkpointer.save(

@@ -9,6 +9,7 @@ dropout layers, which an exact resume needs.
 
 from __future__ import annotations
 
+import mmap
 import os
 from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -17,7 +18,16 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["StateMismatchError", "RestoreReport", "collect_variables", "describe", "restore_arrays", "snapshot"]
+__all__ = [
+    "StateMismatchError",
+    "RestoreReport",
+    "collect_variables",
+    "describe",
+    "restore_arrays",
+    "staging_layout",
+    "prepare_staging",
+    "snapshot",
+]
 
 
 class StateMismatchError(ValueError):
@@ -138,6 +148,22 @@ def _parallel_copy(tasks: list[tuple[np.ndarray, np.ndarray]]) -> None:
         _copier = ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1), thread_name_prefix="ckptstore-copy")
     for _ in _copier.map(lambda task: np.copyto(*task), tasks):
         pass
+
+
+def staging_layout(variables: Mapping[str, Any]) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """Key → (shape, dtype) of the host buffers `snapshot` will need for these variables."""
+    return {key: (tuple(variable.shape), _dtype(variable)) for key, variable in variables.items()}
+
+
+def prepare_staging(layout: Mapping[str, tuple[tuple[int, ...], np.dtype]], staging: dict[str, np.ndarray]) -> None:
+    """Allocate the staging buffers and touch every page once, so that the first save does not pay
+    the page faults of GiBs of fresh memory (4.5 s for 3 GiB on this project's VMs)."""
+    for key, (shape, dtype) in layout.items():
+        buffer = staging.get(key)
+        if buffer is None or buffer.shape != shape or buffer.dtype != dtype:
+            buffer = np.empty(shape, dtype)
+            buffer.reshape(-1).view(np.uint8)[:: mmap.PAGESIZE] = 0
+            staging[key] = buffer
 
 
 def snapshot(variables: Mapping[str, Any], staging: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -90,7 +90,7 @@ class TimedCallback(BackupAndRestore):
             self.restore_s = time.perf_counter() - started
 
 
-def raw_write_seconds(model: keras.Model, workdir: str, reps: int = 2) -> list[float]:
+def raw_write_seconds(model: keras.Model, workdir: str, reps: int = 3) -> list[float]:
     """The raw baseline in the same process and directory: the same bytes as one fsspec file + fsync."""
     arrays = {str(i): np.asarray(v) for i, v in enumerate(model.variables + model.optimizer.variables)}
     seconds = []

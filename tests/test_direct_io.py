@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 
 import numpy as np
 import pytest
 from fsspec.implementations.local import LocalFileSystem
 
-from ckptstore.direct_io import ALIGN, BLOCK, open_direct, write_direct
+from ckptstore.direct_io import ALIGN, BLOCK, _write_aligned, open_direct, write_direct
 from ckptstore.storage import Storage
 
 SIZES = [0, 1, ALIGN - 1, ALIGN, ALIGN + 1, BLOCK - 1, BLOCK, BLOCK + 1, 2 * BLOCK + 12345]
@@ -35,3 +36,18 @@ def test_storage_writes_buffered_where_o_direct_is_refused(tmp_path, monkeypatch
     storage = Storage(LocalFileSystem(), str(tmp_path))
     storage.write_object("f", [b"header", memoryview(np.arange(1000, dtype=np.float32))])
     assert (tmp_path / "f").read_bytes() == b"header" + np.arange(1000, dtype=np.float32).tobytes()
+
+
+def test_a_write_the_filesystem_refuses_under_o_direct_goes_on_buffered(tmp_path):
+    """A misaligned address makes the kernel refuse an O_DIRECT write (EINVAL), as a filesystem with
+    other alignment rules would: the descriptor drops O_DIRECT and the bytes still land."""
+    fd = open_direct(str(tmp_path / "f"))
+    if fd is None:
+        pytest.skip("this filesystem refuses O_DIRECT")
+    backing = np.arange(2 * ALIGN, dtype=np.uint8)
+    try:
+        _write_aligned(fd, backing[1 : 1 + ALIGN])  # off by one byte from a page boundary
+        assert not fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT
+    finally:
+        os.close(fd)
+    assert (tmp_path / "f").read_bytes() == backing[1 : 1 + ALIGN].tobytes()

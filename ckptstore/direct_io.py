@@ -27,17 +27,29 @@ BLOCK = 8 << 20
 _local = threading.local()
 
 
-def open_direct(path: str) -> int | None:
-    """A write-only descriptor with O_DIRECT (created or truncated), or None where unsupported."""
+def open_direct(path: str, size: int | None = None) -> int | None:
+    """A write-only descriptor with O_DIRECT (created or truncated), or None where unsupported.
+
+    With `size`, the file's blocks are allocated up front: block-by-block direct writes from
+    several threads otherwise leave each file in 8 MiB extents strided across the disk (seen on
+    ext4), which halved cold reads.
+    """
     flag = getattr(os, "O_DIRECT", None)
     if flag is None:
         return None
     try:
-        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | flag, 0o644)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | flag, 0o644)
     except OSError as exc:
         if exc.errno == errno.EINVAL:
             return None
         raise
+    if size:
+        try:
+            os.posix_fallocate(fd, 0, size)  # a full disk fails here, before any write
+        except BaseException:
+            os.close(fd)
+            raise
+    return fd
 
 
 def _block_buffer() -> np.ndarray:

@@ -68,12 +68,13 @@ class Storage:
 
     # -- writing -------------------------------------------------------------------------------
 
-    def write_object(self, relpath: str, chunks: Iterable[memoryview | bytes]) -> None:
-        """Write a whole object from chunks. Local files are written with O_DIRECT where the filesystem
-        allows it (else into the page cache); either way `sync_files` makes them durable."""
+    def write_object(self, relpath: str, chunks: Iterable[memoryview | bytes], size: int | None = None) -> None:
+        """Write a whole object from chunks (`size`: their total, if known). Local files are written
+        with O_DIRECT where the filesystem allows it (else into the page cache); either way
+        `sync_files` makes them durable."""
         path = self.path(relpath)
         if self.is_local:
-            fd = open_direct(path)
+            fd = open_direct(path, size)
             if fd is None:
                 with open(path, "wb") as handle:
                     for chunk in chunks:

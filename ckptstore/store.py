@@ -158,7 +158,7 @@ class Store:
                     shard_crc = checksum(chunk, shard_crc)
                     yield chunk
 
-            self._storage.write_object(f"{key}/{shard_name(plan.index)}", chunks())
+            self._storage.write_object(f"{key}/{shard_name(plan.index)}", chunks(), plan.size)
             return ShardRecord(file=shard_name(plan.index), bytes=plan.size, crc32c=format_crc(shard_crc)), crcs
 
         with ThreadPoolExecutor(max_workers=min(self.concurrency, len(plans))) as pool:
@@ -212,7 +212,7 @@ class Store:
             problem = _shard_problem(shard, blob, manifest)
             if problem is not None:
                 raise CorruptCheckpointError(f"{problem.detail} in {source_location}", location=source_location)
-            self._storage.write_object(relpath, [memoryview(blob).cast("B")])
+            self._storage.write_object(relpath, [memoryview(blob).cast("B")], shard.bytes)
             return relpath
 
         self._storage.make_prefix(key)

@@ -69,8 +69,8 @@ def arm(phase: str, trial: int) -> None:
         written = []
         kill_after = 1 + trial % 4
 
-        def counted(self, relpath, chunks):
-            write_object(self, relpath, chunks)
+        def counted(self, relpath, chunks, *size):
+            write_object(self, relpath, chunks, *size)
             written.append(relpath)
             if len(written) == kill_after:
                 die()
@@ -78,14 +78,14 @@ def arm(phase: str, trial: int) -> None:
         Storage.write_object = counted
     elif phase == "mid_shard":
 
-        def partial(self, relpath, chunks):
+        def partial(self, relpath, chunks, *size):
             def cut():
                 for index, chunk in enumerate(chunks):
                     if index == 1 + trial % 2:
                         die()
                     yield chunk
 
-            write_object(self, relpath, cut())
+            write_object(self, relpath, cut(), *size)
 
         Storage.write_object = partial
     elif phase == "before_rename":

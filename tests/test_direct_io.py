@@ -32,7 +32,7 @@ def test_direct_writes_give_exactly_the_chunks_bytes(tmp_path, size, piece):
 
 def test_storage_writes_buffered_where_o_direct_is_refused(tmp_path, monkeypatch):
     """Where `open_direct` finds no O_DIRECT (macOS, or a filesystem answering EINVAL), same bytes."""
-    monkeypatch.setattr("ckptstore.storage.open_direct", lambda path: None)
+    monkeypatch.setattr("ckptstore.storage.open_direct", lambda path, size=None: None)
     storage = Storage(LocalFileSystem(), str(tmp_path))
     storage.write_object("f", [b"header", memoryview(np.arange(1000, dtype=np.float32))])
     assert (tmp_path / "f").read_bytes() == b"header" + np.arange(1000, dtype=np.float32).tobytes()

@@ -51,11 +51,11 @@ class CheckpointMachine(RuleBasedStateMachine):
         original_write, original_discard = Storage.write_object, Store._discard_uncommitted
         budget = {"left": writes_before_kill}
 
-        def write(storage, relpath, chunks):
+        def write(storage, relpath, chunks, *size):
             if budget["left"] == 0:
                 raise Killed()
             budget["left"] -= 1
-            original_write(storage, relpath, chunks)
+            original_write(storage, relpath, chunks, *size)
 
         Storage.write_object, Store._discard_uncommitted = write, lambda *a: None
         try:

@@ -112,7 +112,7 @@ def test_disk_full_at_random_write_offsets_leaves_no_commit_and_the_previous_pos
     for trial, offset in enumerate(offsets):
         budget = {"left": offset}
 
-        def write_until_full(self, relpath, chunks, budget=budget):
+        def write_until_full(self, relpath, chunks, size=None, budget=budget):
             def limited():
                 for chunk in chunks:
                     size = memoryview(chunk).nbytes
@@ -121,7 +121,7 @@ def test_disk_full_at_random_write_offsets_leaves_no_commit_and_the_previous_pos
                     budget["left"] -= size
                     yield chunk
 
-            real_write(self, relpath, limited())
+            real_write(self, relpath, limited(), size)
 
         monkeypatch.setattr(Storage, "write_object", write_until_full)
         with pytest.raises(OSError) as raised:

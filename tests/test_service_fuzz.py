@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import re
 import subprocess
 import sys
@@ -29,6 +30,7 @@ CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
 STATEFUL_CHECKS = CHECKS + [use_after_free, ensure_resource_availability]
 # CI runs 25 per operation and 20 s of sequences; bench/RESULTS.md's long run sets both higher.
 EXAMPLES_PER_OPERATION = int(os.environ.get("CKPTSTORE_FUZZ_EXAMPLES", "25"))
+ARTIFACTS = pathlib.Path(__file__).resolve().parent.parent / "test-artifacts" / "schemathesis"
 STATEFUL_SECONDS = int(os.environ.get("CKPTSTORE_FUZZ_STATEFUL_SECONDS", "20"))
 
 
@@ -48,15 +50,18 @@ def test_no_server_errors_and_answers_match_the_schema(sqlite_service):
         call()
 
 
-def test_stateful_sequences_through_the_inferred_links(sqlite_service, tmp_path):
+def test_stateful_sequences_through_the_inferred_links(sqlite_service):
     """schemathesis' stateful phase, run by its CLI (its engine tolerates what a live service's state
-    does to hypothesis' replays): chains of calls along the 54 links it infers from the schema."""
-    report = tmp_path / "stateful.json"
+    does to hypothesis' replays): chains of calls along the 54 links it infers from the schema.
+    Its summary and JSON report go to test-artifacts/schemathesis/."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    report = ARTIFACTS / "stateful.json"
     command = [sys.executable, "-m", "schemathesis.cli", "run", f"{sqlite_service.live.url}/openapi.json"]
     command += ["--phases", "stateful", "--checks", ",".join(check.__name__ for check in STATEFUL_CHECKS)]
     command += ["--max-examples", "40", "--max-time", str(STATEFUL_SECONDS), "--workers", "1"]
     command += ["--report", "json", "--report-json-path", str(report)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=STATEFUL_SECONDS + 120)
+    (ARTIFACTS / "stateful.txt").write_text(result.stdout)
     summary = json.loads(report.read_text())
     assert result.returncode == 0 and not summary["failures"] and not summary["errors"], result.stdout[-6000:]
     assert summary["phases"]["stateful"]["status"] == "success"

@@ -151,8 +151,9 @@ def _parallel_copy(tasks: list[tuple[np.ndarray, np.ndarray]]) -> None:
 
 
 def staging_layout(variables: Mapping[str, Any]) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
-    """Key → (shape, dtype) of the host buffers `snapshot` will need for these variables."""
-    return {key: (tuple(variable.shape), _dtype(variable)) for key, variable in variables.items()}
+    """Key → (shape, dtype) of the host buffers `snapshot` will need (variables of fully known shape)."""
+    layout = {key: (tuple(variable.shape), _dtype(variable)) for key, variable in variables.items()}
+    return {key: (shape, dtype) for key, (shape, dtype) in layout.items() if None not in shape}
 
 
 def prepare_staging(layout: Mapping[str, tuple[tuple[int, ...], np.dtype]], staging: dict[str, np.ndarray]) -> None:

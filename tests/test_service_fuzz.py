@@ -60,7 +60,7 @@ def test_stateful_sequences_through_the_inferred_links(sqlite_service):
     command += ["--phases", "stateful", "--checks", ",".join(check.__name__ for check in STATEFUL_CHECKS)]
     command += ["--max-examples", "40", "--max-time", str(STATEFUL_SECONDS), "--workers", "1"]
     command += ["--report", "json", "--report-json-path", str(report)]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=STATEFUL_SECONDS + 120)
+    result = subprocess.run(command, capture_output=True, text=True, timeout=STATEFUL_SECONDS + 120, cwd=ARTIFACTS)
     (ARTIFACTS / "stateful.txt").write_text(result.stdout)
     summary = json.loads(report.read_text())
     assert result.returncode == 0 and not summary["failures"] and not summary["errors"], result.stdout[-6000:]

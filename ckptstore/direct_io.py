@@ -4,8 +4,9 @@ Measured here (3 GiB, ext4 on a virtio disk, `dd` with 64 MiB blocks): 1.4-1.5 G
 0.38-0.60 GB/s buffered + fsync, at a fraction of the CPU, which is what a background checkpoint
 writer sharing its cores with training needs. O_DIRECT wants aligned addresses, sizes and offsets:
 chunks are gathered into a page-aligned per-thread buffer and written in whole blocks; the last
-block is zero-padded and the file truncated back to its size. Where O_DIRECT is unavailable
-(`open_direct` returns None: macOS, filesystems refusing it at open) the caller writes buffered; a
+block is zero-padded and the file truncated back to its size. Where O_DIRECT is unavailable or
+turned off (`open_direct` returns None: macOS, filesystems refusing it at open, CKPTSTORE_DIRECT_IO=0;
+on some VMs O_DIRECT-written files read back slower, bench/RESULTS.md) the caller writes buffered; a
 filesystem refusing the writes themselves gets the file buffered through the same descriptor.
 """
 
@@ -28,14 +29,15 @@ _local = threading.local()
 
 
 def open_direct(path: str, size: int | None = None) -> int | None:
-    """A write-only descriptor with O_DIRECT (created or truncated), or None where unsupported.
+    """A write-only descriptor with O_DIRECT (created or truncated), or None where unsupported or
+    turned off (CKPTSTORE_DIRECT_IO=0).
 
     With `size`, the file's blocks are allocated up front: block-by-block direct writes from
     several threads otherwise leave each file in 8 MiB extents strided across the disk (seen on
     ext4), which halved cold reads.
     """
     flag = getattr(os, "O_DIRECT", None)
-    if flag is None:
+    if flag is None or os.environ.get("CKPTSTORE_DIRECT_IO", "1") == "0":
         return None
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | flag, 0o644)

@@ -30,9 +30,10 @@ def test_direct_writes_give_exactly_the_chunks_bytes(tmp_path, size, piece):
     assert (tmp_path / "f").read_bytes() == data
 
 
-def test_storage_writes_buffered_where_o_direct_is_refused(tmp_path, monkeypatch):
-    """Where `open_direct` finds no O_DIRECT (macOS, or a filesystem answering EINVAL), same bytes."""
-    monkeypatch.setattr("ckptstore.storage.open_direct", lambda path, size=None: None)
+def test_ckptstore_direct_io_0_writes_buffered_with_the_same_bytes(tmp_path, monkeypatch):
+    """The buffered path, also taken where O_DIRECT is missing (macOS) or refused at open."""
+    monkeypatch.setenv("CKPTSTORE_DIRECT_IO", "0")
+    assert open_direct(str(tmp_path / "probe")) is None
     storage = Storage(LocalFileSystem(), str(tmp_path))
     storage.write_object("f", [b"header", memoryview(np.arange(1000, dtype=np.float32))])
     assert (tmp_path / "f").read_bytes() == b"header" + np.arange(1000, dtype=np.float32).tobytes()

@@ -70,9 +70,10 @@ def test_every_setting_is_documented_and_nothing_else():
     assert documented == {f"CKPTSTORE_{field.upper()}" for field in Settings.model_fields}
     client_table = docs.split("## Training processes", 1)[1].split("\n## ", 1)[0]
     used = set()
-    for name in os.listdir(os.path.join(ROOT, "client")):
-        if name.endswith(".py"):
-            used |= set(re.findall(r"\"(CKPTSTORE_[A-Z_]+)\"", read(f"client/{name}")))
+    for package in ("client", "ckptstore"):
+        for name in os.listdir(os.path.join(ROOT, package)):
+            if name.endswith(".py"):
+                used |= set(re.findall(r"\"(CKPTSTORE_[A-Z_]+)\"", read(f"{package}/{name}")))
     assert used and used == set(re.findall(r"^\| `(CKPTSTORE_[A-Z_]+)`", client_table, re.M))
 
 

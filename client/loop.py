@@ -83,7 +83,6 @@ class CheckpointManager:
         self.resume_position: Position | None = None
         self.restore_report: RestoreReport | None = None
         self.preemption = PreemptionNotice(preemption_budget_s)
-        self.async_save = async_save
         self._staging: dict[str, np.ndarray] = {}
         self._staging_warm_up: threading.Thread | None = None
 
@@ -109,7 +108,7 @@ class CheckpointManager:
 
     def _warm_up_staging(self) -> None:
         """With async saves, allocate the staging buffers on a thread while the first epoch trains."""
-        if not (self.async_save and self.checkpointer.writes):
+        if not (self.checkpointer.async_save and self.checkpointer.writes):
             return
         layout = staging_layout(collect_variables(self.objects))
         self._staging_warm_up = threading.Thread(

@@ -142,6 +142,10 @@ class NodeCheckpointer:
         else:
             self._writer.submit(lambda: self._guarded(job))
 
+    @property
+    def async_save(self) -> bool:
+        return self._writer is not None
+
     def wait(self) -> None:
         """Block until the save in flight is committed (or skipped); raise a background error if on_error='raise'."""
         if self._writer is not None:

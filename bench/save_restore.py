@@ -252,14 +252,14 @@ def random_kills(trials: int, root: str, options: dict | None = None) -> dict:
     return outcome
 
 
-def start_moto() -> tuple[subprocess.Popen, str]:
+def start_moto(nice: int = 0) -> tuple[subprocess.Popen, str]:
     import socket
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     process = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        ["nice", "-n", str(nice), sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

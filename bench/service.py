@@ -1,7 +1,7 @@
 """Service load test on loopback: last-good queries, commits and a mixed load, vs a trivial endpoint.
 
     python bench/service.py [--jobs 10000] [--nodes 8] [--epochs 100] [--db sqlite postgres]
-                            [--workers 1 2] [--duration 10]
+                            [--workers 1 2] [--duration 10] [--previous REF] [--phases ...]
 
 For each database and worker count it starts `python -m server` on 127.0.0.1, fills the database
 directly with jobs × nodes × epochs committed records (all positions good), then measures with wrk
@@ -9,7 +9,9 @@ directly with jobs × nodes × epochs committed records (all positions good), th
 last-good-epoch over random jobs, POST commits of new epochs, and a mix (80 % last-good, 15 %
 commits, 5 % health). A fixed-rate open-loop generator then sends last-good queries at --rate rps
 and reports p50/p99 from each request's scheduled start (no coordinated omission). EXPLAIN plans of
-the last-good queries are recorded. Needs `wrk` (Debian: apt-get install wrk).
+the last-good queries are recorded. With `--previous REF` every measurement is repeated, in the
+same run and on a database of the same size, against `git archive REF` (the previous release: its
+own migrations, its own service) and the ratios are reported. Needs `wrk` (Debian: apt-get install wrk).
 """
 
 from __future__ import annotations
@@ -124,6 +126,7 @@ def explain_last_good(url: str, job: str) -> list[str]:
     """The plan of every statement the last-good answer runs (captured from the real code path)."""
     from server import records
     from server.db import Database, make_engine
+    from server.last_good import last_good
 
     database = Database(make_engine(url))
     statements: list[tuple[str, object]] = []
@@ -135,7 +138,7 @@ def explain_last_good(url: str, job: str) -> list[str]:
 
     statements.append((database.version_sql, (job,)))  # the cache check, on its own DBAPI connection
     with database.read() as session:
-        records.last_good(session, records.find_job(session, job))
+        last_good(session, records.find_job(session, job))
     event.remove(database.engine, "before_cursor_execute", capture)
     plans = []
     with database.engine.connect() as c:
@@ -150,12 +153,15 @@ def explain_last_good(url: str, job: str) -> list[str]:
 
 
 @contextmanager
-def running_service(url: str, workers: int, root: str) -> Iterator[tuple[int, subprocess.Popen]]:
-    """`python -m server` on a free loopback port for the duration of the block: (port, process)."""
+def running_service(
+    url: str, workers: int, root: str, code: str | None = None
+) -> Iterator[tuple[int, subprocess.Popen]]:
+    """`python -m server` (from the tree `code`, default this one) on a free loopback port for the
+    duration of the block: (port, process)."""
     from tests.servers import free_port
 
     port = free_port()
-    process = start_service(url, port, workers, root)
+    process = start_service(url, port, workers, root, code)
     try:
         yield port, process
     finally:
@@ -163,15 +169,20 @@ def running_service(url: str, workers: int, root: str) -> Iterator[tuple[int, su
         process.wait(timeout=30)
 
 
-def start_service(url: str, port: int, workers: int, root: str) -> subprocess.Popen:
-    env = os.environ | {
-        "CKPTSTORE_DB_URL": url,
-        "CKPTSTORE_PORT": str(port),
-        "CKPTSTORE_WORKERS": str(workers),
-        "CKPTSTORE_STORAGE": root,
-        "CKPTSTORE_LOG_LEVEL": "warning",
-    }
-    process = subprocess.Popen([sys.executable, "-m", "server"], env=env, stdout=subprocess.DEVNULL)
+def start_service(url: str, port: int, workers: int, root: str, code: str | None = None) -> subprocess.Popen:
+    env = (
+        os.environ
+        | ({"PYTHONPATH": code} if code else {})
+        | {
+            "CKPTSTORE_DB_URL": url,
+            "CKPTSTORE_PORT": str(port),
+            "CKPTSTORE_WORKERS": str(workers),
+            "CKPTSTORE_STORAGE": root,
+            "CKPTSTORE_LOG_LEVEL": "warning",
+        }
+    )
+    # `-m` puts the working directory first on sys.path: run from the tree whose server is meant.
+    process = subprocess.Popen([sys.executable, "-m", "server"], env=env, stdout=subprocess.DEVNULL, cwd=code)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
@@ -183,11 +194,23 @@ def start_service(url: str, port: int, workers: int, root: str) -> subprocess.Po
     raise RuntimeError("service did not become ready")
 
 
-def run_wrk(port: int, mode: str, duration: int, jobs: int, nodes: int, root: str, salt: int) -> dict:
+def run_wrk(
+    port: int, mode: str, duration: int, jobs: int, nodes: int, root: str, salt: int, connections: int = 32
+) -> dict:
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
         script.write(WRK_SCRIPT % (jobs, nodes, root, mode, salt, salt % 16))
     result = subprocess.run(
-        ["wrk", "-t1", "-c32", f"-d{duration}s", "--timeout", "5s", "-s", script.name, f"http://127.0.0.1:{port}/"],
+        [
+            "wrk",
+            "-t1",
+            f"-c{connections}",
+            f"-d{duration}s",
+            "--timeout",
+            "5s",
+            "-s",
+            script.name,
+            f"http://127.0.0.1:{port}/",
+        ],
         capture_output=True,
         text=True,
         timeout=duration + 60,
@@ -290,10 +313,20 @@ def main() -> None:
     parser.add_argument("--workers", nargs="+", type=int, default=[1, 2])
     parser.add_argument("--duration", type=int, default=10)
     parser.add_argument("--rate", type=int, default=1000)
+    parser.add_argument("--previous", default=None, help="also measure this commit (the previous release)")
+    parser.add_argument(
+        "--phases",
+        nargs="+",
+        default=["fixed_rate", "last_good", "commit", "mixed"],
+        choices=["fixed_rate", "last_good", "commit", "mixed"],
+    )
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     if shutil.which("wrk") is None:
         sys.exit("wrk is needed: apt-get install wrk")
+    trees = {"this tree": None}
+    if args.previous:
+        trees = {f"previous ({args.previous})": extract(args.previous), "this tree": None}
     results = {
         "command": " ".join(["python"] + sys.argv),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
@@ -302,42 +335,80 @@ def main() -> None:
         "explain": {},
     }
     for kind in args.db:
-        tmp = tempfile.mkdtemp(prefix="ckptstore-svc-bench-")
-        root = f"{tmp}/storage"
-        url, drop = make_database(kind, tmp)
-        try:
-            migrate(url)
-            results[f"populate_{kind}_s"] = populate(url, args.jobs, args.nodes, args.epochs, root)
-            results["explain"][kind] = explain_last_good(url, "job-00042")
-            for workers in args.workers:
-                with running_service(url, workers, root) as (port, _):
-                    run = {"db": kind, "workers": workers, "trivial": run_wrk_plain(port, args.duration)}
-                    # Steady state first: every job's answer cached once, as in a running deployment.
-                    run["warmup_s"] = asyncio.run(warm_up(port, args.jobs))
-                    # Reads on the populated DB; the write phases after them change every job's answer.
-                    run["fixed_rate"] = asyncio.run(fixed_rate(port, args.rate, args.duration, args.jobs))
-                    for salt, mode in enumerate(("last_good", "commit", "mixed")):
-                        run[mode] = run_wrk(
-                            port,
-                            mode,
-                            args.duration,
-                            args.jobs,
-                            args.nodes,
-                            root,
-                            salt + 10 * workers + (100 if kind == "postgres" else 0),
-                        )
-                    run["last_good_vs_trivial"] = run["last_good"]["rps"] / run["trivial"]["rps"]
-                    run["fixed_rate_after_writes"] = asyncio.run(fixed_rate(port, args.rate, args.duration, args.jobs))
-                    results["runs"].append(run)
-                    print(json.dumps(run), flush=True)
-        finally:
-            drop()
-            shutil.rmtree(tmp, ignore_errors=True)
+        for workers in args.workers:
+            for tree, code in trees.items():
+                run = measure(kind, workers, code, args)
+                run["tree"] = tree
+                results["explain"].setdefault(kind, run.pop("explain"))
+                results["runs"].append(run)
+                print(json.dumps(run), flush=True)
+            if args.previous:
+                previous, current = results["runs"][-2:]
+                results.setdefault("this_tree_vs_previous", []).append(
+                    {
+                        "db": kind,
+                        "workers": workers,
+                        **{
+                            f"{mode}_rps": current[mode]["rps"] / previous[mode]["rps"]
+                            for mode in ("last_good", "commit", "mixed")
+                            if mode in current
+                        },
+                    }
+                )
     text_out = json.dumps(results, indent=1)
     print(text_out)
     if args.out:
         with open(args.out, "w") as handle:
             handle.write(text_out)
+
+
+def extract(ref: str) -> str:
+    """`git archive REF` unpacked in a temporary directory (the previous release, for PYTHONPATH)."""
+    tree = tempfile.mkdtemp(prefix=f"ckptstore-{ref}-")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    archive = subprocess.run(["git", "-C", root, "archive", ref], capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", tree], input=archive, check=True)
+    return tree
+
+
+def measure(kind: str, workers: int, code: str | None, args: argparse.Namespace) -> dict:
+    """Every phase against one service (from `code`, default this tree) on a freshly populated database."""
+    tmp = tempfile.mkdtemp(prefix="ckptstore-svc-bench-")
+    root = f"{tmp}/storage"
+    url, drop = make_database(kind, tmp)
+    try:
+        if code is None:
+            migrate(url)
+        else:  # the previous release's own schema
+            migration = (
+                f"import sys; sys.path.insert(0, {code!r}); from server.migrate import migrate; migrate({url!r})"
+            )
+            subprocess.run([sys.executable, "-c", migration], check=True, env=os.environ | {"PYTHONPATH": code})
+        run: dict = {
+            "db": kind,
+            "workers": workers,
+            "populate_s": populate(url, args.jobs, args.nodes, args.epochs, root),
+        }
+        run["explain"] = explain_last_good(url, "job-00042") if code is None else []
+        with running_service(url, workers, root, code) as (port, _):
+            run["trivial"] = run_wrk_plain(port, args.duration)
+            # Steady state first: every job's answer cached once, as in a running deployment.
+            run["warmup_s"] = asyncio.run(warm_up(port, args.jobs))
+            # Reads on the populated DB; the write phases after them change every job's answer.
+            if "fixed_rate" in args.phases:
+                run["fixed_rate"] = asyncio.run(fixed_rate(port, args.rate, args.duration, args.jobs))
+            salt = 10 * workers + (100 if kind == "postgres" else 0)
+            for offset, mode in enumerate(("last_good", "commit", "mixed")):
+                if mode in args.phases:
+                    run[mode] = run_wrk(port, mode, args.duration, args.jobs, args.nodes, root, salt + offset)
+            if "last_good" in run:
+                run["last_good_vs_trivial"] = run["last_good"]["rps"] / run["trivial"]["rps"]
+            if "fixed_rate" in args.phases:
+                run["fixed_rate_after_writes"] = asyncio.run(fixed_rate(port, args.rate, args.duration, args.jobs))
+        return run
+    finally:
+        drop()
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def run_wrk_plain(port: int, duration: int) -> dict:

@@ -14,7 +14,7 @@ from ckptstore.errors import (
 )
 from ckptstore.manifest import Manifest
 from ckptstore.position import Position
-from ckptstore.report import AccessReport, CheckpointInfo, CheckpointRef, Problem, VerifyReport
+from ckptstore.report import AccessReport, CheckpointInfo, CheckpointRef, LoadedCheckpoint, Problem, VerifyReport
 from ckptstore.store import Store
 
 __all__ = [
@@ -23,6 +23,7 @@ __all__ = [
     "Manifest",
     "CheckpointRef",
     "CheckpointInfo",
+    "LoadedCheckpoint",
     "VerifyReport",
     "Problem",
     "AccessReport",

@@ -41,13 +41,15 @@ class CheckpointNotFoundError(CkptStoreError, LookupError):
 class CorruptCheckpointError(CkptStoreError):
     """A committed checkpoint's bytes do not match its manifest.
 
-    `location` is the checkpoint prefix and `file` the offending file inside it (when known).
+    `location` is the checkpoint prefix, `file` the offending file inside it (when known), and
+    `missing` whether the file is gone rather than damaged.
     """
 
-    def __init__(self, message: str, *, location: str | None = None, file: str | None = None):
+    def __init__(self, message: str, *, location: str | None = None, file: str | None = None, missing: bool = False):
         super().__init__(message)
         self.location = location
         self.file = file
+        self.missing = missing
 
 
 class CommitConflictError(CkptStoreError):
@@ -82,3 +84,7 @@ class RequestRejectedError(ServiceError):
         self.status = status
         self.code = code
         self.detail = detail
+
+    def __reduce__(self) -> tuple[type[RequestRejectedError], tuple[int, str, str]]:
+        """Picklable (torch.distributed sends a rank's exception to the others)."""
+        return type(self), (self.status, self.code, self.detail)

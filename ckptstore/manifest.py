@@ -18,7 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ckptstore.layout import is_shard_name
 from ckptstore.names import NAME_PATTERN
 from ckptstore.position import POSITION_LIMIT, Position
-from ckptstore.shard import checksum, format_crc, numpy_dtype
+from ckptstore.shard import numpy_dtype
+from ckptstore.verify import checksum, format_crc
 
 __all__ = [
     "FORMAT_NAME",
@@ -31,8 +32,8 @@ __all__ = [
     "parse_manifest",
 ]
 
-FORMAT_NAME = "ckptstore.manifest"
-FORMAT_VERSION = 1
+FORMAT_NAME: Literal["ckptstore.manifest"] = "ckptstore.manifest"
+FORMAT_VERSION: Literal[1] = 1
 MAX_MANIFEST_BYTES = 64 << 20
 _CRC_PATTERN = r"^[0-9a-f]{8}$"
 _Count = Field(ge=0, lt=POSITION_LIMIT)
@@ -102,7 +103,7 @@ class Manifest(_Strict):
         return json.dumps(body, indent=1).encode()
 
 
-def _canonical(body: dict) -> bytes:
+def _canonical(body: dict[str, Any]) -> bytes:
     return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 
@@ -139,6 +140,8 @@ def parse_manifest(data: bytes, *, expect: tuple[str, str, Position, str] | None
         body = json.loads(data)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ManifestError(f"manifest is not JSON: {exc}") from None
+    except RecursionError:
+        raise ManifestError("manifest nests too deeply to be one") from None
     if not isinstance(body, dict) or not isinstance(body.get("manifest_crc32c"), str):
         raise ManifestError("manifest has no self-checksum")
     stated = body.pop("manifest_crc32c")

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import re
 import secrets
+from collections.abc import Callable, Hashable, Iterable
+from typing import Literal, TypeVar
 from urllib.parse import unquote
 
 from ckptstore.errors import InvalidNameError
@@ -21,6 +23,10 @@ __all__ = [
     "attempt_sort_key",
     "attempt_number",
     "new_offline_attempt",
+    "newest_attempts",
+    "ATTEMPT_LIMIT",
+    "Tier",
+    "TIERS",
 ]
 
 NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}"
@@ -28,7 +34,14 @@ _NAME_RE = re.compile(NAME_PATTERN + r"\Z")
 # The same rule for OpenAPI documents and request generators, '..' excluded without look-ahead.
 NAME_JSON_SCHEMA = {"pattern": r"^[A-Za-z0-9](?:[A-Za-z0-9_-]|\.[A-Za-z0-9_-])*\.?$", "maxLength": 128}
 _ATTEMPT_RE = re.compile(r"([1-9][0-9]{0,9})(?:-([0-9a-f]{8}))?\Z")
+# Attempt numbers a counter hands out stay below this, so it can always count on: a larger id found on
+# storage is not counted when numbering, and the service refuses commits that carry one.
+ATTEMPT_LIMIT = 10**9
 _MAX_DECODE_ROUNDS = 4
+Tier = Literal["local", "durable"]
+TIERS: tuple[Tier, ...] = ("local", "durable")  # the tiers of a copy, nearest first
+T = TypeVar("T")
+K = TypeVar("K", bound=Hashable)
 
 
 def _fully_decoded(value: str) -> str:
@@ -89,4 +102,15 @@ def attempt_number(attempt: str) -> int:
 
 def new_offline_attempt(highest_on_storage: int) -> str:
     """An attempt id for a start without the service: next number plus a random suffix."""
-    return f"{highest_on_storage + 1}-{secrets.token_hex(4)}"
+    return f"{min(highest_on_storage, ATTEMPT_LIMIT - 1) + 1}-{secrets.token_hex(4)}"
+
+
+def newest_attempts(items: Iterable[T], *, group: Callable[[T], K], attempt: Callable[[T], str]) -> dict[K, T]:
+    """The item with the newest attempt in each group: for one (node, position) the newest attempt counts."""
+    newest: dict[K, T] = {}
+    for item in items:
+        key = group(item)
+        current = newest.get(key)
+        if current is None or attempt_sort_key(attempt(item)) > attempt_sort_key(attempt(current)):
+            newest[key] = item
+    return newest

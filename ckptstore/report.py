@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from ckptstore.manifest import Manifest
 from ckptstore.position import Position
+from ckptstore.verify import Problem
 
-__all__ = ["CheckpointRef", "CheckpointInfo", "Problem", "VerifyReport", "AccessReport"]
+__all__ = ["CheckpointRef", "CheckpointInfo", "LoadedCheckpoint", "Problem", "VerifyReport", "AccessReport"]
 
 
 @dataclass(frozen=True)
@@ -50,17 +53,16 @@ class CheckpointInfo:
     bytes: int
     modified: float | None
     manifest: Manifest | None = field(default=None, repr=False)
+    foreign: bool = False  # a manifest that parses but was written for another path: never deleted
 
 
 @dataclass(frozen=True)
-class Problem:
-    """One defect found by verification. `kind` is one of `Problem.KINDS`."""
+class LoadedCheckpoint:
+    """A checkpoint read and verified: its arrays, its manifest, and where it was read from."""
 
-    KINDS = ("unreadable_manifest", "missing_shard", "short_shard", "size_mismatch", "checksum_mismatch")
-
-    kind: str
-    file: str
-    detail: str
+    arrays: dict[str, np.ndarray] = field(repr=False)
+    manifest: Manifest = field(repr=False)
+    location: str
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,15 @@ class VerifyReport:
     @property
     def ok(self) -> bool:
         return self.committed and not self.problems
+
+    @property
+    def state(self) -> str:
+        """`committed` when ok; `missing` when the copy or all its damaged files are gone; else `corrupt`."""
+        if self.ok:
+            return "committed"
+        if not self.committed and not self.problems:
+            return "missing"
+        return "missing" if all(p.state == "missing" for p in self.problems) else "corrupt"
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,10 @@
 """Retention as a pure function: which checkpoints may be deleted now.
 
 Invariant: never the last good epoch, the resume position or anything newer; decisions are made
-per position, so a position still needed keeps every node's part. Uncommitted leftovers go only once older
+per position, so a position still needed keeps every node's part. How positions count: `keep_last`
+keeps the newest N good positions, mid-epoch ones included, and the last good epoch is kept besides;
+so with `keep_last=3` and a save every few batches at most 4 good positions stay (plus those the
+`keep_every`/`keep_best` rules keep, and positions newer than the resume position, still being written). Uncommitted leftovers go only once older
 than the grace period (a writer may still be at work); superseded attempts only once the attempt
 that superseded them is that old (until then they are the fallback if it proves corrupt).
 The service applies this with its knowledge of good positions; the client and CLI execute it.
@@ -13,10 +16,10 @@ from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from ckptstore.names import attempt_sort_key
+from ckptstore.names import attempt_sort_key, newest_attempts
 from ckptstore.position import Position
 
-__all__ = ["RetentionPolicy", "Candidate", "Deletion", "good_positions", "protected_from", "plan_deletions"]
+__all__ = ["RetentionPolicy", "Candidate", "Deletion", "good_positions", "protected", "plan_deletions"]
 
 
 @dataclass(frozen=True)
@@ -77,12 +80,13 @@ def good_positions(candidates: Iterable[Candidate], expected_nodes: Collection[s
     return {p for p, nodes in nodes_at.items() if expected and expected <= nodes}
 
 
-def protected_from(good: Collection[Position]) -> Position | None:
-    """The oldest protected position: the last good epoch's end (or the resume position if no epoch is good)."""
+def protected(good: Collection[Position]) -> tuple[Position | None, Position | None]:
+    """(the last good epoch's end, the resume position): retention never deletes either, nor anything
+    newer than the resume position; (None, None) when nothing is good."""
     if not good:
-        return None
+        return None, None
     ends = [p for p in good if p.is_end_of_epoch]
-    return max(ends) if ends else max(good)
+    return (max(ends) if ends else None), max(good)
 
 
 def _kept_positions(good: Sequence[Position], metrics: dict[Position, float], policy: RetentionPolicy) -> set[Position]:
@@ -103,7 +107,7 @@ def plan_deletions(
 ) -> list[Deletion]:
     """Checkpoint attempts that may be deleted now under `policy`, ordered by position, node, attempt."""
     candidates = list(candidates)
-    boundary = protected_from(good)
+    last_epoch, resume = protected(good)
     ordered_good = sorted(good)
     metrics: dict[Position, float] = {}
     for c in sorted(candidates, key=lambda c: c.node):
@@ -113,13 +117,15 @@ def plan_deletions(
     droppable = {
         c.position
         for c in candidates
-        if policy.prunes and boundary is not None and c.position < boundary and c.position not in kept
+        if policy.prunes
+        and resume is not None
+        and c.position < resume
+        and c.position != last_epoch
+        and c.position not in kept
     }
-    newest: dict[tuple[str, Position], Candidate] = {}
-    for c in candidates:
-        key = (c.node, c.position)
-        if c.committed and (key not in newest or attempt_sort_key(c.attempt) > attempt_sort_key(newest[key].attempt)):
-            newest[key] = c
+    newest = newest_attempts(
+        (c for c in candidates if c.committed), group=lambda c: (c.node, c.position), attempt=lambda c: c.attempt
+    )
 
     def old_enough(c: Candidate) -> bool:
         return c.modified is not None and now - c.modified >= policy.grace_seconds
@@ -132,6 +138,6 @@ def plan_deletions(
         elif not c.committed and old_enough(c):
             deletions.append(Deletion(c.node, c.position, c.attempt, "uncommitted"))
         # An older attempt stays a fallback until the newer one has been committed for the grace period.
-        elif c.committed and superseding is not c and old_enough(superseding):
+        elif c.committed and superseding is not None and superseding is not c and old_enough(superseding):
             deletions.append(Deletion(c.node, c.position, c.attempt, "superseded"))
     return sorted(deletions, key=lambda d: (d.position, d.node, attempt_sort_key(d.attempt)))

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
-from ckptstore.names import NAME_JSON_SCHEMA, validate_attempt, validate_name
+from ckptstore.names import ATTEMPT_LIMIT, NAME_JSON_SCHEMA, Tier, validate_attempt, validate_name
 from ckptstore.position import POSITION_LIMIT, Position
 from ckptstore.retention import RetentionPolicy
 
@@ -25,6 +25,10 @@ __all__ = [
     "AttemptRequest",
     "AttemptInfo",
     "CommitRequest",
+    "NodeCommit",
+    "CommitBatch",
+    "CommitOutcome",
+    "COMMIT_BATCH_LIMIT",
     "CheckpointRecord",
     "MarkRequest",
     "NodeLocation",
@@ -34,21 +38,36 @@ __all__ = [
     "NodeHealth",
     "ProbeResult",
     "JobHealth",
+    "StatsAction",
     "StatsReport",
     "StatsRow",
     "StatsSummary",
-    "GcDeletion",
-    "GcPlan",
+    "PlannedDeletion",
+    "RetentionPlan",
     "ErrorBody",
     "CheckpointState",
+    "MarkState",
+    "SkippedCopy",
+    "ResumeReport",
+    "ResumeAgreement",
+    "CopyInfo",
+    "ReplicationLag",
 ]
 
 Name = Annotated[
     str, Field(min_length=1, max_length=128, json_schema_extra=NAME_JSON_SCHEMA), AfterValidator(validate_name)
 ]
-AttemptId = Annotated[str | int, AfterValidator(validate_attempt)]
+# One attempt type on the wire: the canonical string ("3", or "3-1a2b3c4d" offline); requests may send
+# a service attempt as a JSON number, never as a boolean.
+AttemptId = Annotated[
+    str,
+    BeforeValidator(validate_attempt),
+    Field(json_schema_extra={"pattern": r"^[1-9][0-9]{0,9}(-[0-9a-f]{8})?$"}),
+]
 Count = Annotated[int, Field(ge=0, lt=POSITION_LIMIT, strict=True)]
-CheckpointState = Literal["committed", "corrupt", "deleted"]
+Finite = Annotated[float, Field(allow_inf_nan=False)]  # JSON has no NaN or Infinity: refuse, never store null
+CheckpointState = Literal["committed", "corrupt", "missing", "deleted"]
+MarkState = Literal["corrupt", "missing", "deleted"]
 MAX_NODES = 4096
 
 
@@ -74,7 +93,7 @@ class RetentionSpec(_Request):
     keep_best: int | None = Field(default=None, ge=1, le=10**6)
     best_metric: str | None = Field(default=None, min_length=1, max_length=128)
     best_mode: Literal["min", "max"] = "min"
-    grace_seconds: float = Field(default=3600.0, ge=0, le=10**8)
+    grace_seconds: float = Field(default=3600.0, ge=0, le=10**8, allow_inf_nan=False)
 
     @model_validator(mode="after")
     def _best_pair(self) -> RetentionSpec:
@@ -88,12 +107,17 @@ class RetentionSpec(_Request):
 class JobSpec(_Request):
     nodes: list[Name] = Field(min_length=1, max_length=MAX_NODES)
     storage_root: str | None = Field(default=None, min_length=1, max_length=1024)
+    local_root: str | None = Field(
+        default=None, min_length=1, max_length=1024, description="the nodes' local tier (a path on each node)"
+    )
     retention: RetentionSpec = Field(default_factory=RetentionSpec)
 
     @model_validator(mode="after")
     def _unique_nodes(self) -> JobSpec:
-        if len(set(self.nodes)) != len(self.nodes):
-            raise ValueError("nodes must be unique")
+        if len({node.casefold() for node in self.nodes}) != len(self.nodes):
+            raise ValueError(
+                "nodes must be unique, also ignoring case (on case-insensitive storage they share a folder)"
+            )
         return self
 
 
@@ -101,8 +125,10 @@ class JobInfo(BaseModel):
     job: str
     nodes: list[str]
     storage_root: str
+    local_root: str | None
     retention: RetentionSpec
     last_good_epoch: int | None
+    durable_epoch: int | None
     resume: PositionBody | None
     created_at: float
     updated_at: float
@@ -110,14 +136,50 @@ class JobInfo(BaseModel):
 
 class AttemptRequest(_Request):
     resumed_from: PositionBody | None = None
+    at_least: int | None = Field(
+        default=None,
+        ge=1,
+        lt=ATTEMPT_LIMIT,
+        strict=True,
+        description="number this attempt at least so (reindex raises a counter in one request)",
+    )
+
+
+class SkippedCopy(_Request):
+    """A copy a restore passed over, and why (the restart history shows it)."""
+
+    epoch: Count
+    batch: Count | None = None
+    attempt: AttemptId
+    tier: Tier
+    state: Literal["corrupt", "missing"]
+    reason: str = Field(max_length=1000)
+
+
+class ResumeReport(_Request):
+    """Where a process resumed from, after verifying its part there, and what it skipped on the way."""
+
+    resumed_from: PositionBody | None
+    skipped: list[SkippedCopy] = Field(default_factory=list, max_length=1000)
 
 
 class AttemptInfo(BaseModel):
     job: str
     node: str
-    attempt: int
+    attempt: AttemptId
     resumed_from: PositionBody | None
+    skipped: list[SkippedCopy] = Field(default_factory=list)
     started_at: float
+    resumed_at: float | None = None
+
+
+class ResumeAgreement(BaseModel):
+    """Whether every expected node verified its part of the resume position in this restart."""
+
+    job: str
+    resume: PositionBody | None
+    agreed: bool
+    waiting: list[str]
 
 
 class CommitRequest(_Request):
@@ -130,7 +192,8 @@ class CommitRequest(_Request):
     checksums: dict[Annotated[str, Field(max_length=256)], Annotated[str, Field(max_length=64)]] = Field(
         default_factory=dict, max_length=100_000
     )
-    metrics: dict[Annotated[str, Field(max_length=128)], float] = Field(default_factory=dict, max_length=256)
+    metrics: dict[Annotated[str, Field(max_length=128)], Finite] = Field(default_factory=dict, max_length=256)
+    tier: Tier = "durable"
 
     @property
     def position(self) -> Position:
@@ -142,27 +205,64 @@ class CheckpointRecord(BaseModel):
     node: str
     epoch: int
     batch: int | None
-    attempt: str
+    attempt: AttemptId
     step: int | None
     location: str
     bytes: int
     checksums: dict[str, str]
     metrics: dict[str, float]
+    tier: Tier
     state: CheckpointState
+    reason: str | None = None
     created_at: float
 
 
+COMMIT_BATCH_LIMIT = 256
+
+
+class NodeCommit(CommitRequest):
+    """One commit of a batch: a `CommitRequest` that names its node."""
+
+    node: Name
+
+
+class CommitBatch(_Request):
+    """Several commits of one job in one request (re-posting after an outage, reindex)."""
+
+    commits: list[NodeCommit] = Field(min_length=1, max_length=COMMIT_BATCH_LIMIT)
+
+
+class CommitOutcome(BaseModel):
+    """One commit's answer within a batch: the status it would have had alone, and its record or error."""
+
+    status: int
+    record: CheckpointRecord | None = None
+    error: ErrorBody | None = None
+
+
 class MarkRequest(_Request):
+    """Mark one attempt (default: the newest) of a node's position; on one tier, or on every tier."""
+
     epoch: Count
     batch: Count | None = None
     attempt: AttemptId | None = None
-    state: Literal["corrupt", "deleted"]
+    tier: Tier | None = None
+    state: MarkState
     reason: str | None = Field(default=None, max_length=1000)
 
 
-class NodeLocation(BaseModel):
+class CopyInfo(BaseModel):
+    tier: Tier
     location: str
-    attempt: str
+    state: CheckpointState
+
+
+class NodeLocation(BaseModel):
+    """Where a node's part of a position is: the durable copy's location when it has one, and every copy."""
+
+    location: str
+    attempt: AttemptId
+    copies: list[CopyInfo] = Field(default_factory=list)
 
 
 class NotGood(BaseModel):
@@ -170,11 +270,13 @@ class NotGood(BaseModel):
     batch: int | None
     missing: list[str]
     corrupt: list[str]
+    deleted: list[str] = Field(default_factory=list)
 
 
 class LastGood(BaseModel):
     job: str
     epoch: int | None
+    durable_epoch: int | None = None
     resume: PositionBody | None
     nodes: dict[str, NodeLocation]
     not_good: list[NotGood]
@@ -182,8 +284,17 @@ class LastGood(BaseModel):
 
 class HealthReport(_Request):
     cp_accessible: bool
-    latency_ms: float | None = Field(default=None, ge=0, le=10**9)
+    latency_ms: float | None = Field(default=None, ge=0, le=10**9, allow_inf_nan=False)
     error: str | None = Field(default=None, max_length=2000)
+
+
+class ReplicationLag(BaseModel):
+    """A node's local copies not yet on the durable tier: how many, and how long the oldest has waited."""
+
+    pending: int
+    oldest_pending_seconds: float | None
+    newest_local: PositionBody | None
+    newest_durable: PositionBody | None
 
 
 class NodeHealth(BaseModel):
@@ -193,6 +304,7 @@ class NodeHealth(BaseModel):
     error: str | None
     reported_at: float | None
     stale: bool
+    replication: ReplicationLag | None = None
 
 
 class ProbeResult(BaseModel):
@@ -207,10 +319,13 @@ class JobHealth(BaseModel):
     probe: ProbeResult | None = None
 
 
+StatsAction = Literal["save", "load", "restore", "verify", "delete", "blocked"]
+
+
 class StatsReport(_Request):
     node: Name
-    action: Literal["save", "load", "restore", "verify", "delete", "blocked"]
-    seconds: float = Field(ge=0, le=10**7)
+    action: StatsAction
+    seconds: float = Field(ge=0, le=10**7, allow_inf_nan=False)
     bytes: int | None = Field(default=None, ge=0, lt=2**62)
 
 
@@ -230,20 +345,21 @@ class StatsSummary(BaseModel):
     rows: list[StatsRow]
 
 
-class GcDeletion(BaseModel):
+class PlannedDeletion(BaseModel):
     node: str
     epoch: int
     batch: int | None
-    attempt: str
+    attempt: AttemptId
+    tier: Tier = "durable"
     location: str
     reason: str
 
 
-class GcPlan(BaseModel):
+class RetentionPlan(BaseModel):
     job: str
     last_good_epoch: int | None
     resume: PositionBody | None
-    deletions: list[GcDeletion]
+    deletions: list[PlannedDeletion]
 
 
 class ErrorBody(BaseModel):

@@ -1,4 +1,5 @@
-"""What runs in training scripts: the service client (Keras callback and loop manager to come)."""
+"""What runs in training scripts: the Keras callback (`client.keras`), the custom-loop manager
+(`client.loop`), the service client and the `ckptstore` command line (`client.cli`)."""
 
 from client.service import ServiceClient
 

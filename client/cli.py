@@ -2,267 +2,33 @@
 
 Exit codes: 0 ok, 1 failure (including corruption found and differences found by `reindex --check`),
 2 usage (bad arguments or names), 3 not found. Every read takes `--json`; progress bars appear
-on a terminal only.
+on a terminal only. What each subcommand does: client/commands.py.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from collections.abc import Callable
-from contextlib import contextmanager
-from datetime import datetime, timezone
-from typing import Any
 
-EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_NOT_FOUND = 0, 1, 2, 3
+from client.commands import (
+    EXIT_FAILURE,
+    EXIT_NOT_FOUND,
+    EXIT_USAGE,
+    NothingFound,
+    cmd_copy,
+    cmd_epochs,
+    cmd_gc,
+    cmd_inspect,
+    cmd_jobs,
+    cmd_last_good,
+    cmd_reindex,
+    cmd_verify,
+    cmd_watch,
+)
+
 DEFAULT_URL = "http://127.0.0.1:8080"
-
-
-class NothingFound(Exception):
-    """A read found nothing to show (exit code 3)."""
-
-
-# -- output helpers ----------------------------------------------------------------------------
-
-
-def _emit(args: argparse.Namespace, data: Any, text: Callable[[], list[str]]) -> None:
-    if args.json:
-        print(json.dumps(data, indent=2, default=str))
-    else:
-        for line in text():
-            print(line)
-
-
-def _when(timestamp: float | None) -> str:
-    if timestamp is None:
-        return "-"
-    return datetime.fromtimestamp(timestamp, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
-
-
-def _position(epoch: int | None, batch: int | None = None) -> str:
-    if epoch is None:
-        return "-"
-    return f"{epoch}" if batch is None else f"{epoch}.b{batch}"
-
-
-@contextmanager
-def _progress(total: int, what: str):
-    """A byte progress bar on stderr when it is a terminal; a no-op callback otherwise."""
-    if not sys.stderr.isatty():
-        yield lambda n: None
-        return
-    from tqdm import tqdm
-
-    with tqdm(total=total, unit="B", unit_scale=True, desc=what, file=sys.stderr, leave=False) as bar:
-        yield bar.update
-
-
-def _client(args: argparse.Namespace):
-    from client.service import ServiceClient
-
-    return ServiceClient(args.url, token=args.token)
-
-
-# -- reads through the service -----------------------------------------------------------------
-
-
-def cmd_jobs(args: argparse.Namespace) -> int:
-    with _client(args) as client:
-        jobs = client.list_jobs(limit=args.limit, offset=args.offset)
-    rows = [j.model_dump(mode="json") for j in jobs]
-    _emit(
-        args,
-        rows,
-        lambda: (
-            [f"{'JOB':24} {'NODES':>5} {'LAST GOOD':>9} {'RESUME':>10}  STORAGE"]
-            + [
-                f"{j.job:24} {len(j.nodes):5} {_position(j.last_good_epoch):>9} "
-                f"{_position(j.resume.epoch, j.resume.batch) if j.resume else '-':>10}  {j.storage_root}"
-                for j in jobs
-            ]
-        ),
-    )
-    return EXIT_OK
-
-
-def cmd_epochs(args: argparse.Namespace) -> int:
-    from client.operations import iter_records
-
-    with _client(args) as client:
-        client.get_job(args.job)  # 404 → exit 3 even when the job has no checkpoint yet
-        records = list(iter_records(client, args.job, node=args.node))
-    _emit(
-        args,
-        [r.model_dump(mode="json") for r in records],
-        lambda: (
-            [f"{'NODE':16} {'POSITION':>12} {'ATTEMPT':>12} {'STATE':10} {'BYTES':>14}  CREATED"]
-            + [
-                f"{r.node:16} {_position(r.epoch, r.batch):>12} {r.attempt:>12} {r.state:10} {r.bytes:14}  "
-                f"{_when(r.created_at)}"
-                for r in records
-            ]
-        ),
-    )
-    return EXIT_OK
-
-
-def cmd_last_good(args: argparse.Namespace) -> int:
-    with _client(args) as client:
-        answer = client.last_good_epoch(args.job, max_epoch=args.max_epoch)
-
-    def text() -> list[str]:
-        resume = answer.resume
-        lines = [
-            f"last good epoch: {_position(answer.epoch)}",
-            f"resume from:     {_position(resume.epoch, resume.batch) if resume else '-'}",
-        ]
-        lines += [f"  {node}: {where.location}" for node, where in answer.nodes.items()]
-        lines += [
-            f"  not good: {_position(n.epoch, n.batch)} (missing: {', '.join(n.missing) or '-'}; "
-            f"corrupt: {', '.join(n.corrupt) or '-'})"
-            for n in answer.not_good
-        ]
-        return lines
-
-    _emit(args, answer.model_dump(mode="json"), text)
-    return EXIT_OK if answer.epoch is not None or answer.resume is not None else EXIT_NOT_FOUND
-
-
-# -- operations on storage ---------------------------------------------------------------------
-
-
-def cmd_verify(args: argparse.Namespace) -> int:
-    from client.operations import iter_records, verify_job
-
-    with _client(args) as client:
-        records = list(iter_records(client, args.job, epoch=args.epoch, state="committed"))
-        with _progress(sum(r.bytes for r in records), "verify") as progress:
-            checked = verify_job(client, args.job, records, progress=progress)
-    if not checked:
-        at = "" if args.epoch is None else f" at epoch {args.epoch}"
-        raise NothingFound(f"no committed checkpoint of {args.job}{at}")
-    rows = [
-        {
-            "node": c.record.node,
-            "epoch": c.record.epoch,
-            "batch": c.record.batch,
-            "attempt": c.record.attempt,
-            "location": c.report.location,
-            "ok": c.report.ok,
-            "bytes_checked": c.report.bytes_checked,
-            "problems": [p.__dict__ for p in c.report.problems],
-            "marked_corrupt": c.marked_corrupt,
-        }
-        for c in checked
-    ]
-
-    def text() -> list[str]:
-        lines = []
-        for c in checked:
-            state = "ok" if c.report.ok else "CORRUPT (marked in the service)"
-            lines.append(
-                f"{c.record.node:16} {_position(c.record.epoch, c.record.batch):>12} {c.record.attempt:>12}  {state}"
-            )
-            lines += [f"    {p.kind}: {p.detail}" for p in c.report.problems]
-        bad = sum(not c.report.ok for c in checked)
-        lines.append(f"{len(checked)} checkpoints verified, {bad} corrupt")
-        return lines
-
-    _emit(args, rows, text)
-    return EXIT_FAILURE if any(not c.report.ok for c in checked) else EXIT_OK
-
-
-def cmd_gc(args: argparse.Namespace) -> int:
-    from client.operations import collect_garbage
-
-    with _client(args) as client:
-        removals = collect_garbage(client, args.job, dry_run=args.dry_run)
-    verb = "would delete" if args.dry_run else "deleted"
-    _emit(
-        args,
-        [r.__dict__ | {"position": _position(r.position.epoch, r.position.batch)} for r in removals],
-        lambda: (
-            [f"{verb} {r.location} ({r.reason})" for r in removals] + [f"{len(removals)} checkpoint attempts {verb}"]
-        ),
-    )
-    return EXIT_OK
-
-
-def cmd_reindex(args: argparse.Namespace) -> int:
-    from client.operations import reindex
-
-    with _client(args) as client:
-        results = reindex(client, args.root, check=args.check)
-    rows = [
-        {
-            "job": r.job,
-            "created": r.created,
-            "missing_in_service": [c.location for c in r.missing_in_service],
-            "missing_on_storage": [c.location for c in r.missing_on_storage],
-            "counters_behind": {n: {"service": s, "storage": t} for n, (s, t) in r.counters_behind.items()},
-            "applied": r.applied,
-        }
-        for r in results
-    ]
-
-    def text() -> list[str]:
-        lines = []
-        for r in results:
-            done = "" if args.check or not r.differences else " (fixed)"
-            lines.append(f"{r.job}: {r.differences} difference(s){done}")
-            if r.created:
-                lines.append("  job unknown to the service")
-            lines += [f"  not in the service: {c.location}" for c in r.missing_in_service]
-            lines += [f"  in the service but not on storage (left as is): {c.location}" for c in r.missing_on_storage]
-            lines += [f"  attempt counter of {n}: service {s}, storage {t}" for n, (s, t) in r.counters_behind.items()]
-        return lines or [f"no job under {args.root}"]
-
-    _emit(args, rows, text)
-    differences = any(r.differences for r in results)
-    return EXIT_FAILURE if args.check and differences else EXIT_OK
-
-
-def cmd_copy(args: argparse.Namespace) -> int:
-    from client.operations import copy
-
-    with _progress(0, "copy") as progress:
-        copied = copy(args.src, args.dst, progress=progress)
-    _emit(
-        args,
-        [{"source": c.source, "destination": c.destination.location, "bytes": c.destination.bytes} for c in copied],
-        lambda: (
-            [f"{c.source} -> {c.destination.location} (verified)" for c in copied]
-            + [f"{len(copied)} checkpoints copied, {sum(c.destination.bytes for c in copied)} bytes"]
-        ),
-    )
-    return EXIT_OK
-
-
-def cmd_inspect(args: argparse.Namespace) -> int:
-    from ckptstore import Store
-    from client.operations import split_location
-
-    root, job, one = split_location(args.uri)
-    if one is None:
-        raise ValueError(f"{args.uri!r} is not a checkpoint location <root>/<job>/<node>/<position>/<attempt>")
-    node, position, attempt = one
-    manifest = Store(root).manifest(job, node, position.epoch, batch=position.batch, attempt=attempt)
-
-    def text() -> list[str]:
-        lines = [
-            f"{job}/{node} position {manifest.position} attempt {manifest.attempt} step {manifest.step}",
-            f"{len(manifest.tensors)} tensors in {len(manifest.shards)} shards, {manifest.total_bytes} bytes, "
-            f"created {manifest.created_at}",
-        ]
-        lines += [f"  {t.name:40s} {t.dtype:5s} {list(t.shape)!s:20s} {t.nbytes} B" for t in manifest.tensors]
-        if manifest.metadata:
-            lines.append(f"metadata: {json.dumps(manifest.metadata)}")
-        return lines
-
-    _emit(args, json.loads(manifest.to_json()), text)
-    return EXIT_OK
 
 
 def serve(serve_args: list[str]) -> int:
@@ -304,9 +70,23 @@ def build_parser() -> argparse.ArgumentParser:
     serve_command.add_argument("serve_args", nargs=argparse.REMAINDER)
     serve_command.set_defaults(run=lambda args: serve(args.serve_args))
 
-    jobs = add("jobs", cmd_jobs, "list jobs with their last good epoch and resume position", service, output)
+    jobs = add(
+        "jobs",
+        cmd_jobs,
+        "list jobs with their last good epoch and resume position; `jobs declare` declares one",
+        service,
+        output,
+    )
     jobs.add_argument("--limit", type=int, default=100, help="jobs per page (default 100)")
     jobs.add_argument("--offset", type=int, default=0, help="jobs to skip")
+    declare = jobs.add_subparsers(dest="action", metavar="[declare]").add_parser(
+        "declare", help="declare or update a job: its expected nodes, storage, retention", parents=[service, output]
+    )
+    declare.add_argument("job")
+    declare.add_argument("--nodes", required=True, help="comma-separated node names, or a count N (node-0 … node-N-1)")
+    declare.add_argument("--storage-root", default=None, help="durable storage root (default: the service's)")
+    declare.add_argument("--local-root", default=None, help="the nodes' local tier (a path on each node)")
+    declare.add_argument("--keep-last", type=int, default=None, help="retention: newest positions kept")
 
     epochs = add(
         "epochs", cmd_epochs, "list a job's checkpoint records: node, position, attempt, state", service, output
@@ -327,6 +107,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     verify.add_argument("job")
     verify.add_argument("epoch", nargs="?", type=int, default=None, help="only this epoch (default: all)")
+    verify.add_argument(
+        "--tier",
+        choices=["durable", "local"],
+        default="durable",
+        help="which copies: durable (default), or local (run it on the node that holds them)",
+    )
 
     gc = add(
         "gc",
@@ -352,9 +138,27 @@ def build_parser() -> argparse.ArgumentParser:
     copy.add_argument("src", help="<root>/<job> or <root>/<job>/<node>/<position>/<attempt>")
     copy.add_argument("dst", help="destination root (the same keys are used below it)")
 
+    watch = add(
+        "watch", cmd_watch, "follow the service's events as they happen (reconnects on its own)", service, output
+    )
+    watch.add_argument("job", nargs="?", default=None, help="only this job's events (default: every job's)")
+    watch.add_argument("--since", type=int, default=None, help="start after this event id (default: from now on)")
+    watch.add_argument("--types", default=None, help="comma-separated event types, e.g. position.good,copy.marked")
+    watch.add_argument("--count", type=int, default=None, help="stop after this many events")
+
     inspect = add("inspect", cmd_inspect, "show a checkpoint's manifest: tensors, shapes, dtypes, sizes", output)
     inspect.add_argument("uri", help="checkpoint location, e.g. s3://ckpt/runs/mnist/worker-0/0000000005/3")
     return parser
+
+
+def _one_line(exc: ValueError) -> str:
+    """A usage error in one line (a pydantic validation error names its first problem, not a dump)."""
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        first = errors()[0]
+        where = ".".join(str(part) for part in first.get("loc", ()))
+        return f"invalid {getattr(exc, 'title', 'value')}: {where + ': ' if where else ''}{first.get('msg', '')}"
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -382,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE if exc.status in (400, 422) else EXIT_FAILURE
     except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {_one_line(exc)}", file=sys.stderr)
         return EXIT_USAGE
     except (CkptStoreError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -26,6 +26,7 @@ class NodeIdentity:
     is_chief: bool
     source: str
     checkpoint_node: str = ""
+    shared_restore: bool = False  # other processes restore this node's checkpoints (multi-worker TF_CONFIG)
 
     def __post_init__(self) -> None:
         if not self.checkpoint_node:
@@ -42,7 +43,10 @@ def _from_tf_config(raw: str) -> NodeIdentity | None:
     cluster = config.get("cluster", {})
     chief_kind = next((k for k in ("chief", "master") if k in cluster), "worker")
     chief = kind == chief_kind and index == 0
-    return NodeIdentity(f"{kind}-{index}", chief, "TF_CONFIG", checkpoint_node=f"{chief_kind}-0")
+    tasks = sum(len(addresses) for addresses in cluster.values() if isinstance(addresses, list))
+    return NodeIdentity(
+        f"{kind}-{index}", chief, "TF_CONFIG", checkpoint_node=f"{chief_kind}-0", shared_restore=tasks > 1
+    )
 
 
 def _host_node() -> str:

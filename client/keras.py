@@ -16,16 +16,16 @@ different batches — fix its seed, or use `save_freq="epoch"`.
 from __future__ import annotations
 
 import logging
-import os
+import sys
 from typing import Any
 
 import keras
 import numpy as np
 
 from ckptstore import Position
-from ckptstore.errors import CheckpointNotFoundError
 from client.loop import CheckpointManager
-from client.node import NodeCheckpointer, OnError
+from client.node import NodeCheckpointer
+from client.options import CheckpointOptions
 
 __all__ = ["BackupAndRestore"]
 
@@ -36,7 +36,8 @@ class BackupAndRestore(keras.callbacks.Callback):
     """Back up the training state every epoch (or every `save_freq` batches) and restore it on restart.
 
     `backup_dir` is the storage root when `storage` is not given (so `BackupAndRestore("/tmp/b")`
-    works as Keras' does). `job` defaults to CKPTSTORE_JOB or "keras"; `service` to CKPTSTORE_URL.
+    works as Keras' does). The other options are `CheckpointOptions`' (`service=`, `storage=`,
+    `job=` — default CKPTSTORE_JOB or "keras" —, `node=`, `max_to_keep=`, …).
     With an int `save_freq` an end-of-epoch checkpoint is taken too, so a last good epoch exists.
     """
 
@@ -46,43 +47,18 @@ class BackupAndRestore(keras.callbacks.Callback):
         save_freq: str | int = "epoch",
         double_checkpoint: bool = False,
         delete_checkpoint: bool = True,
-        *,
-        service: str | None = None,
-        storage: str | None = None,
-        job: str | None = None,
-        node: str | None = None,
-        storage_options: dict[str, Any] | None = None,
-        token: str | None = None,
-        on_error: OnError = "warn",
-        async_save: bool = True,
-        max_to_keep: int | None = None,
-        strict: bool = True,
-        preemption_budget_s: float = 30.0,
+        **options: Any,
     ):
         super().__init__()
         if save_freq != "epoch" and (isinstance(save_freq, bool) or not isinstance(save_freq, int) or save_freq < 1):
             raise ValueError(f"save_freq must be 'epoch' or a positive integer, got {save_freq!r}")
-        storage = storage or backup_dir or os.environ.get("CKPTSTORE_STORAGE")
-        if not storage:
-            raise ValueError("no storage: pass backup_dir=, storage= or set CKPTSTORE_STORAGE")
+        options.setdefault("storage", None)
+        options["storage"] = options["storage"] or backup_dir
         self.save_freq = save_freq
         self.double_checkpoint = double_checkpoint  # every position is kept until retention removes it
         self.delete_checkpoint = delete_checkpoint
         # Objects are known only once fit() sets the model: filled in at on_train_begin.
-        self.manager = CheckpointManager(
-            job=job or os.environ.get("CKPTSTORE_JOB", "keras"),
-            objects={},
-            storage=storage,
-            service=service,
-            node=node,
-            max_to_keep=max_to_keep,
-            async_save=async_save,
-            on_error=on_error,
-            strict=strict,
-            storage_options=storage_options,
-            token=token,
-            preemption_budget_s=preemption_budget_s,
-        )
+        self.manager = CheckpointManager(objects={}, options=CheckpointOptions.resolve(default_job="keras", **options))
         self._epoch = 0
         self._skip_batches = 0
         self._next_save_at = 0
@@ -109,10 +85,8 @@ class BackupAndRestore(keras.callbacks.Callback):
         self.manager.objects = self._objects()
         self.model._initial_epoch = self.manager.restore_or_initialize()
         position = self.resume_position
-        if position is not None and not position.is_end_of_epoch:
+        if position is not None and position.batch is not None:
             self._skip_batches = position.batch
-        if position is not None:
-            log.info("resumed %s/%s from %s", self.checkpointer.job, self.checkpointer.node, position)
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         self._epoch = epoch
@@ -138,16 +112,28 @@ class BackupAndRestore(keras.callbacks.Callback):
             )
         if calls == 0:
             return
+        print(
+            f"ckptstore: epoch {self._epoch} (Keras' {self._epoch + 1}): its first {calls * per_call} batches were "
+            "trained before the restart and are skipped (the progress bar counts them; the epoch's loss and "
+            "metrics cover the batches after them)",
+            file=sys.stderr,
+            flush=True,
+        )
         original = model.train_function
         left = [calls]
 
-        def skip(iterator: Any) -> dict:
-            for _ in range(per_call):
-                iterator.get_next() if hasattr(iterator, "get_next") else next(iterator)
+        def skip(*args: Any) -> Any:
+            """Each backend's train_function, doing nothing but advance the data: TensorFlow's takes
+            the iterator, JAX's (state, iterator) and returns (logs, state), PyTorch's takes the
+            batch its fit loop already drew."""
+            *state, data = args
+            if hasattr(data, "get_next") or hasattr(data, "__next__"):
+                for _ in range(per_call):
+                    data.get_next() if hasattr(data, "get_next") else next(data)
             left[0] -= 1
             if left[0] == 0:
                 model.train_function = original
-            return {}
+            return ({}, state[0]) if state else {}
 
         model.train_function = skip
 
@@ -168,25 +154,13 @@ class BackupAndRestore(keras.callbacks.Callback):
 
     def _save(self, position: Position, logs: dict | None) -> None:
         metrics = {k: float(v) for k, v in (logs or {}).items() if np.ndim(v) == 0 and np.isfinite(float(v))}
-        step = int(np.asarray(self.model.optimizer.iterations)) if self.model.optimizer is not None else None
+        optimizer = self.model.optimizer
+        step = int(keras.ops.convert_to_numpy(optimizer.iterations)) if optimizer is not None else None
         self.manager.save(position.epoch, batch=position.batch, step=step, metrics=metrics)
 
     def on_train_end(self, logs: dict | None = None) -> None:
         self.manager.wait()
         if self.delete_checkpoint and self.checkpointer.writes:
-            self._delete_all()
+            # Keras semantics: a finished fit removes its backup, so the next fit starts afresh.
+            self.checkpointer.delete_all(reason="fit finished")
         self.manager.close()
-
-    def _delete_all(self) -> None:
-        """Keras semantics: a finished fit removes its backup, so the next fit starts afresh."""
-        node = self.checkpointer
-        for position in node.store.list_positions(node.job, node.node):
-            try:
-                node.store.delete(node.job, node.node, position.epoch, batch=position.batch)
-            except CheckpointNotFoundError:
-                continue
-            if node.client is not None:
-                try:
-                    node.client.mark(node.job, node.node, position, "deleted", reason="fit finished")
-                except Exception as exc:  # the blobs are gone either way; the record says why not
-                    log.info("could not mark %s deleted: %s", position, exc)

@@ -1,122 +1,204 @@
-"""One node's checkpoints of one job: attempt, resume position, save, commit, health, retention.
+"""One node's checkpoints of one job: attempt, restore, save on its tiers, replication, reports to
+the service, retention.
 
-Shared by the Keras callback and the custom-loop manager. Failure behaviour (DESIGN.md):
-storage failing → the save is skipped with a warning, a health report and a counter, training
-goes on (unless on_error="raise"); service down → checkpoints still go to storage, commits are
-re-posted when it answers again, and the resume position comes from the manifests on storage;
-fenced (a newer attempt of this node exists) → FencedError, whatever on_error says.
+Shared by the Keras callback and the custom-loop manager. Failure behaviour (README, "Failure
+behaviour"): storage failing → the save is skipped with a warning, a health report and a counter,
+training goes on (unless on_error="raise"); the local tier failing → the save goes straight to the
+durable tier; the durable tier away → local saves go on and replication retries with backoff;
+service away → checkpoints still go to storage, every report to the service waits in a background
+queue (training never waits for it) and is re-posted when it answers, and restore finds the newest
+intact copy on storage; fenced (a newer attempt of this node exists) → FencedError, whatever
+on_error says.
 """
 
 from __future__ import annotations
 
 import logging
+import math
+import sys
 import time
-from collections import deque
 from collections.abc import Callable, Mapping
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
 from ckptstore import CheckpointRef, Position, Store
+from ckptstore.copies import Restored
 from ckptstore.errors import (
     CheckpointNotFoundError,
     CkptStoreError,
     FencedError,
-    ServiceError,
     ServiceUnavailableError,
     StorageUnavailableError,
 )
-from ckptstore.retention import Candidate, good_positions
+from ckptstore.names import Tier, new_offline_attempt
+from ckptstore.schema import MarkState
 from client.identity import NodeIdentity, resolve_identity
+from client.options import CheckpointOptions
+from client.replication import LocalCopy, Replicator
+from client.reports import Reports
+from client.restore import Restorer
+from client.retention import delete_checkpoint
 from client.service import ServiceClient
 from client.writer import BackgroundWriter
 
 __all__ = ["NodeCheckpointer"]
 
 log = logging.getLogger("ckptstore.client")
-OnError = Literal["warn", "raise"]
+
+
+def _finite(metrics: Mapping[str, float]) -> dict[str, float]:
+    """The metrics that can be recorded: JSON has no NaN or infinity, so those are left out, said once."""
+    kept = {}
+    for name, value in metrics.items():
+        if math.isfinite(value):
+            kept[name] = float(value)
+        else:
+            log.warning("metric %r is %s: not recorded (JSON has no such number); the checkpoint is saved", name, value)
+    return kept
 
 
 class NodeCheckpointer:
     """Saves and restores this node's part of a job's checkpoints (see module docstring)."""
 
     def __init__(
-        self,
-        *,
-        job: str,
-        storage: str,
-        service: str | None = None,
-        node: str | None = None,
-        storage_options: dict[str, Any] | None = None,
-        token: str | None = None,
-        on_error: OnError = "warn",
-        async_save: bool = True,
-        gc: bool = True,
-        keep_last: int | None = None,
-        identity: NodeIdentity | None = None,
+        self, options: CheckpointOptions | None = None, /, *, identity: NodeIdentity | None = None, **settings: Any
     ):
-        if on_error not in ("warn", "raise"):
-            raise ValueError("on_error must be 'warn' or 'raise'")
-        self.identity = identity or resolve_identity(node)
+        """`options` (resolved), or the same options as keyword arguments (`CheckpointOptions`)."""
+        self.options = options if options is not None else CheckpointOptions.resolve(**settings)
+        self.identity = identity or resolve_identity(self.options.node)
         self.node = self.identity.checkpoint_node
         self.writes = self.identity.is_chief
-        self.job = job
-        self.store = Store(storage, storage_options=storage_options)
-        self.client = ServiceClient(service, token=token) if service else None
-        self.on_error = on_error
-        self.gc = gc
-        self.keep_last = keep_last
+        self.job = self.options.job
+        self.store = Store(self.options.storage, storage_options=self.options.storage_options)
+        self.local_store = self._local_tier()
+        self.client = ServiceClient(self.options.service, token=self.options.token) if self.options.service else None
         self.attempt: str | None = None
+        self.restored: Restored | None = None
         self.fenced = False
         self.skipped_saves = 0
         self.saved: list[Position] = []
-        self._pending: deque[tuple[CheckpointRef, dict[str, float]]] = deque()
-        self._writer = BackgroundWriter() if async_save else None
+        self._writer = BackgroundWriter() if self.options.async_save else None
+        self.reports = Reports(self.client, self.job, self.node, on_fenced=self._fence, retention=self._apply_retention)
+        self._replicator = (
+            None
+            if self.local_store is None
+            else Replicator(
+                self.local_store,
+                self.store,
+                self.job,
+                self.node,
+                on_replicated=self._replicated,
+                on_lost=self._lost_locally,
+            )
+        )
+
+    def _local_tier(self) -> Store | None:
+        if self.options.local_storage is None or not self.writes:
+            return None
+        if self.identity.shared_restore:
+            log.warning(
+                "local_storage is not used under a multi-worker TF_CONFIG: every worker restores the chief's "
+                "checkpoints, so they go straight to the durable tier"
+            )
+            return None
+        return Store(self.options.local_storage)
+
+    @property
+    def tiers(self) -> dict[Tier, Store]:
+        """The tiers this process reads, nearest first."""
+        return {"local": self.local_store, "durable": self.store} if self.local_store else {"durable": self.store}
 
     # -- start and restore ---------------------------------------------------------------------
 
     def start(self) -> Position | None:
-        """Declare the job if needed, register this attempt, and return the position to resume from."""
-        resume = self.resume_position()
-        if not self.writes:
-            return resume
-        if self.client is not None:
+        """Declare the job if needed, register this attempt, restore the newest intact copy (kept in
+        `restored`, every byte verified) and return its position (None on a fresh job)."""
+        if self.writes and self.client is not None:
             try:
-                self._declare_job()
-                self.attempt = str(self.client.start_attempt(self.job, self.node, resumed_from=resume))
+                self._declare_job(self.client)
+                self.attempt = self.client.start_attempt(self.job, self.node)
             except ServiceUnavailableError as exc:
                 log.warning("service unreachable (%s): continuing with an offline attempt", exc)
-        if self.attempt is None:
-            self.attempt = self.store.next_attempt(self.job, self.node)
-        return resume
+        if self.writes and self.attempt is None:
+            self.attempt = new_offline_attempt(self._highest_attempt_on_storage())
+        started = time.perf_counter()
+        restorer = Restorer(
+            job=self.job,
+            node=self.node,
+            tiers=self.tiers,
+            client=self.client,
+            attempt=self.attempt if self.writes else None,
+            timeout_s=self.options.restore_timeout_s,
+        )
+        self.restored = restorer.restore()
+        if self.restored is not None:
+            nbytes = self.restored.checkpoint.manifest.total_bytes
+            self.reports.stats("restore", time.perf_counter() - started, nbytes)
+            copy, skipped = self.restored.copy, "; ".join(str(s) for s in self.restored.skipped)
+            # One line a user sees by default (not a log record at a level they may have hidden).
+            print(
+                f"ckptstore: {self.job}/{self.node} resumed from {copy.position} ({copy.tier} copy, attempt "
+                f"{copy.attempt}){'; skipped ' + skipped if skipped else ''}",
+                file=sys.stderr,
+                flush=True,
+            )
+        if self._replicator is not None:
+            self._replicator.resume()
+        return None if self.restored is None else self.restored.copy.position
 
-    def _declare_job(self) -> None:
+    def _highest_attempt_on_storage(self) -> int:
+        """The highest attempt number on the tiers that answer (an offline id's random suffix keeps it unique)."""
+        highest = []
+        for tier, store in self.tiers.items():
+            try:
+                highest.append(store.highest_attempt(self.job, self.node))
+            except StorageUnavailableError as exc:
+                log.warning("the %s tier is away (%s): numbering this offline attempt without it", tier, exc)
+        return max(highest, default=0)
+
+    def _declare_job(self, client: ServiceClient) -> None:
+        """Declare the job on its first start (its expected nodes, retention, tiers); bring a job
+        declared by hand in line with this process's options: its max_to_keep, its local tier, its
+        node among the expected ones."""
+        local_root = None if self.local_store is None else self.local_store.url
+        expected = self.options.expected_nodes(self.node)
+        keep_last = self.options.max_to_keep
         try:
-            self.client.get_job(self.job)
+            info = client.get_job(self.job)
         except CheckpointNotFoundError:
-            retention = {"keep_last": self.keep_last} if self.keep_last else None
-            self.client.put_job(self.job, [self.node], storage_root=self.store.url, retention=retention)
+            retention = {"keep_last": keep_last} if keep_last else None
+            client.put_job(self.job, expected, storage_root=self.store.url, local_root=local_root, retention=retention)
+            return
+        retention = info.retention.model_dump()
+        nodes = info.nodes + [n for n in expected if n not in info.nodes and self.node in expected]
+        wanted = (nodes, local_root or info.local_root, keep_last or retention["keep_last"])
+        if wanted != (info.nodes, info.local_root, retention["keep_last"]):
+            client.put_job(
+                self.job,
+                nodes,
+                storage_root=info.storage_root,
+                local_root=wanted[1],
+                retention=retention | {"keep_last": wanted[2]},
+            )
 
     def resume_position(self) -> Position | None:
-        """The highest good position: from the service, or from storage manifests when it is down."""
+        """The position a restore starts from: the service's resume position, or (service away) the
+        newest committed position on any tier. Unverified: `start` verifies."""
         if self.client is not None:
             try:
-                answer = self.client.last_good_epoch(self.job)
-                return None if answer.resume is None else answer.resume.to_position()
+                resume = self.client.last_good_epoch(self.job).resume
+                return None if resume is None else resume.to_position()
             except CheckpointNotFoundError:
                 return None
             except ServiceUnavailableError as exc:
                 log.warning("service unreachable (%s): finding the resume position on storage", exc)
-        infos = self.store.list_checkpoints(self.job, self.node)
-        candidates = [Candidate(self.node, i.position, i.attempt, i.committed) for i in infos]
-        good = good_positions(candidates, [self.node])
-        return max(good) if good else None
+        positions = [p for store in self.tiers.values() for p in store.list_positions(self.job, self.node)]
+        return max(positions, default=None)
 
     def load(self, position: Position) -> dict[str, np.ndarray]:
-        started = time.perf_counter()
-        arrays = self.store.load(self.job, self.node, position.epoch, batch=position.batch)
-        self._report_stats("restore", time.perf_counter() - started, sum(a.nbytes for a in arrays.values()))
-        return arrays
+        """This node's checkpoint at `position` from the durable tier, verified."""
+        return self.store.load(self.job, self.node, position.epoch, batch=position.batch)
 
     # -- save ----------------------------------------------------------------------------------
 
@@ -136,38 +218,53 @@ class NodeCheckpointer:
         self.raise_if_fenced()
         if not self.writes:
             return
-        job = lambda: self._write(position, arrays, step, dict(metadata or {}), dict(metrics or {}))  # noqa: E731
+        finite = _finite(metrics or {})
+
+        def write() -> None:
+            self._write(position, arrays, step, dict(metadata or {}), finite)
+
         if self._writer is None:
-            self._guarded(job)
+            self._guarded(write)
+            self.wait()
         else:
-            self._writer.submit(lambda: self._guarded(job))
+            self._writer.submit(lambda: self._guarded(write))
 
     @property
     def async_save(self) -> bool:
         return self._writer is not None
 
-    def wait(self) -> None:
-        """Block until the save in flight is committed (or skipped); raise a background error if on_error='raise'."""
+    def wait_for_write(self) -> None:
+        """Block until the save in flight is committed on its first tier (or skipped)."""
         if self._writer is not None:
             self._writer.wait()
+        self.raise_if_fenced()
+
+    def wait(self) -> None:
+        """Block until the save in flight is written and replicated and the service has its records —
+        or until the durable tier or the service is found away (they keep retrying in the background)."""
+        self.wait_for_write()
+        if self._replicator is not None and not self._replicator.wait():
+            log.warning("the durable tier is away: %d local copies wait for replication", self._replicator.pending)
+        if not self.reports.drain():
+            log.warning("service unreachable: %d commit(s) will be re-posted", self.pending_commits)
         self.raise_if_fenced()
 
     def raise_if_fenced(self) -> None:
         if self.fenced:
             raise FencedError(f"{self.job}/{self.node} attempt {self.attempt} is fenced: a newer attempt has started")
 
-    def _guarded(self, job: Callable[[], None]) -> None:
+    def _guarded(self, write: Callable[[], None]) -> None:
         try:
-            job()
+            write()
         except FencedError:
             self.fenced = True
             raise
-        except (CkptStoreError, OSError) as exc:
-            if self.on_error == "raise":
+        except CkptStoreError as exc:
+            if self.options.on_error == "raise":
                 raise
             self.skipped_saves += 1
             log.warning("checkpoint save skipped (%s); training continues", exc)
-            self._report_health()
+            self.reports.health(self.store.accessible(timeout=5))
 
     def _write(
         self,
@@ -178,100 +275,107 @@ class NodeCheckpointer:
         metrics: dict[str, float],
     ) -> None:
         started = time.perf_counter()
+        tier, store = self._first_tier()
         try:
-            ref = self.store.save(
-                self.job,
-                self.node,
-                position.epoch,
-                arrays,
-                attempt=self.attempt,
-                batch=position.batch,
-                step=step,
-                metadata=metadata | {"metrics": metrics},
-            )
-        except (CkptStoreError, OSError):
-            raise
-        except Exception as exc:  # backend errors (botocore, aiohttp…) mean: storage not usable now
-            raise StorageUnavailableError(f"storage write failed: {type(exc).__name__}: {exc}") from exc
-        self.saved.append(position)
-        self._report_stats("save", time.perf_counter() - started, ref.bytes)
-        if self.client is not None:
-            self._pending.append((ref, metrics))
-            self._flush_commits()
-            if self.gc:
-                self._collect_garbage()
-
-    def _flush_commits(self) -> None:
-        """Post every commit not yet acknowledged (oldest first); keep them if the service is down."""
-        while self._pending:
-            ref, metrics = self._pending[0]
-            try:
-                self.client.commit(ref, metrics=metrics)
-            except ServiceUnavailableError as exc:
-                log.warning("service unreachable (%s): %d commit(s) will be re-posted", exc, len(self._pending))
-                return
-            except FencedError:
-                self.fenced = True
+            ref = self._save_to(store, position, arrays, step, metadata | {"metrics": metrics})
+        except StorageUnavailableError as exc:
+            if tier != "local":
                 raise
-            self._pending.popleft()
+            log.warning("the local tier failed (%s): saving %s straight to the durable tier", exc, position)
+            tier, store = "durable", self.store
+            ref = self._save_to(store, position, arrays, step, metadata | {"metrics": metrics})
+        self.saved.append(position)
+        self.reports.saved()
+        self.reports.stats("save", time.perf_counter() - started, ref.bytes)
+        self.reports.commit(ref, tier, metrics)
+        if tier == "local" and self._replicator is not None:
+            self._replicator.submit(position, ref.attempt)
+
+    def _first_tier(self) -> tuple[Tier, Store]:
+        return ("local", self.local_store) if self.local_store is not None else ("durable", self.store)
+
+    def _save_to(
+        self,
+        store: Store,
+        position: Position,
+        arrays: Mapping[str, np.ndarray],
+        step: int | None,
+        metadata: dict[str, Any],
+    ) -> CheckpointRef:
+        return store.save(
+            self.job,
+            self.node,
+            position.epoch,
+            arrays,
+            attempt=self.attempt,
+            batch=position.batch,
+            step=step,
+            metadata=metadata,
+        )
+
+    # -- replication ---------------------------------------------------------------------------
+
+    def _replicated(self, ref: CheckpointRef) -> None:
+        metrics = ref.manifest.metadata.get("metrics", {})
+        self.reports.commit(ref, "durable", metrics if isinstance(metrics, dict) else {})
+        self._prune_local_tier()
+
+    def _lost_locally(self, copy: LocalCopy, error: Exception) -> None:
+        missing = isinstance(error, CheckpointNotFoundError) or getattr(error, "missing", False)
+        state: MarkState = "missing" if missing else "corrupt"
+        self.reports.mark(
+            copy.position, state, attempt=copy.attempt, tier="local", reason=f"replication: {error}"[:1000]
+        )
+
+    def _prune_local_tier(self) -> None:
+        """Keep `local_max_to_keep` positions on the local tier; older copies go once they are durable."""
+        assert self.local_store is not None
+        local = [i for i in self.local_store.list_checkpoints(self.job, self.node) if i.committed]
+        keep = set(sorted({i.position for i in local})[-self.options.local_max_to_keep :])
+        durable = {(i.position, i.attempt) for i in self.store.list_checkpoints(self.job, self.node) if i.committed}
+        for info in local:
+            if info.position not in keep and (info.position, info.attempt) in durable:
+                self.delete(info.position, attempt=info.attempt, reason="local tier retention", tier="local")
+
+    def _fence(self) -> None:
+        self.fenced = True
 
     @property
     def pending_commits(self) -> int:
-        return len(self._pending)
+        return self.reports.pending_commits
 
-    def _collect_garbage(self) -> None:
-        """Execute this node's part of the service's retention plan (manifest first, then the record)."""
-        try:
-            plan = self.client.gc_plan(self.job)
-        except ServiceError as exc:
-            log.info("no retention plan now: %s", exc)
-            return
-        for deletion in plan.deletions:
-            if deletion.node != self.node:
-                continue
-            position = Position(deletion.epoch, deletion.batch)
-            try:
-                self.store.delete(self.job, self.node, deletion.epoch, batch=deletion.batch, attempt=deletion.attempt)
-            except CheckpointNotFoundError:
-                pass
-            try:
-                self.client.mark(
-                    self.job,
-                    self.node,
-                    position,
-                    "deleted",
-                    attempt=deletion.attempt,
-                    reason=f"retention: {deletion.reason}",
+    # -- retention -----------------------------------------------------------------------------
+
+    def _apply_retention(self) -> None:
+        """Execute this node's part of the service's retention plan, on each tier it has."""
+        assert self.client is not None
+        for deletion in self.client.retention_plan(self.job).deletions:
+            if deletion.node == self.node and (deletion.tier == "durable" or self.local_store is not None):
+                position = Position(deletion.epoch, deletion.batch)
+                self.delete(
+                    position, attempt=deletion.attempt, reason=f"retention: {deletion.reason}", tier=deletion.tier
                 )
-            except ServiceError as exc:
-                log.info("could not mark %s deleted: %s", position, exc)
 
-    # -- reports -------------------------------------------------------------------------------
+    def delete(self, position: Position, *, attempt: str | None = None, reason: str, tier: Tier = "durable") -> None:
+        """Delete this node's copy at `position` on `tier` (one attempt, or all), then mark it deleted —
+        in the background, like every report: a fit ending while the service is down does not wait."""
+        store = self.local_store if tier == "local" else self.store
+        assert store is not None
+        delete_checkpoint(store, None, self.job, self.node, position, attempt=attempt, reason=reason, tier=tier)
+        self.reports.mark(position, "deleted", attempt=attempt, tier=tier, reason=reason)
 
-    def _report_stats(self, action: str, seconds: float, nbytes: int) -> None:
-        if self.client is None:
-            return
-        try:
-            self.client.report_stats(self.job, self.node, action, seconds, nbytes=nbytes)
-        except ServiceError as exc:
-            log.debug("stats not reported: %s", exc)
-
-    def _report_health(self) -> None:
-        report = self.store.accessible(timeout=5)
-        if self.client is None:
-            return
-        try:
-            self.client.report_health(self.job, self.node, report)
-        except ServiceError as exc:
-            log.debug("health not reported: %s", exc)
+    def delete_all(self, *, reason: str) -> None:
+        """Delete every checkpoint of this node on every tier (Keras semantics when a fit finishes)."""
+        for tier, store in self.tiers.items():
+            for position in store.list_positions(self.job, self.node):
+                self.delete(position, reason=reason, tier=tier)
 
     def close(self) -> None:
         try:
             self.wait()
         finally:
+            if self._replicator is not None:
+                self._replicator.close()
+            self.reports.close()
             if self.client is not None:
-                try:
-                    self._flush_commits()
-                except ServiceError:
-                    pass
                 self.client.close()

@@ -10,23 +10,26 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from ckptstore import CheckpointRef, Position, Store, VerifyReport
 from ckptstore.errors import CheckpointNotFoundError, FencedError
 from ckptstore.layout import parse_position_dirname
-from ckptstore.names import attempt_sort_key, validate_attempt, validate_name
+from ckptstore.names import ATTEMPT_LIMIT, Tier, attempt_number, attempt_sort_key, validate_attempt, validate_name
 from ckptstore.retention import Candidate, RetentionPolicy, plan_deletions
-from ckptstore.schema import CheckpointRecord, JobInfo
+from ckptstore.schema import AttemptInfo, CheckpointRecord, CheckpointState, JobInfo, MarkState, PlannedDeletion
+from client.retention import delete_checkpoint
 from client.service import ServiceClient
+from client.wire import Commit
 
 __all__ = [
     "Checked",
-    "Removal",
     "JobIndex",
     "Copied",
     "iter_records",
+    "iter_attempts",
     "verify_job",
-    "collect_garbage",
+    "apply_retention",
     "reindex",
     "copy",
     "split_location",
@@ -34,13 +37,32 @@ __all__ = [
 
 Progress = Callable[[int], object]
 PAGE = 1000
+T = TypeVar("T")
 
 
-def iter_records(client: ServiceClient, job: str, **filters: object) -> Iterator[CheckpointRecord]:
-    """Every checkpoint record of a job matching `filters`, page by page."""
+def iter_records(
+    client: ServiceClient,
+    job: str,
+    *,
+    node: str | None = None,
+    epoch: int | None = None,
+    state: CheckpointState | None = None,
+) -> Iterator[CheckpointRecord]:
+    """Every checkpoint record of a job matching the filters, page by page."""
+    return _pages(
+        lambda offset: client.list_checkpoints(job, node=node, epoch=epoch, state=state, limit=PAGE, offset=offset)
+    )
+
+
+def iter_attempts(client: ServiceClient, job: str, *, node: str | None = None) -> Iterator[AttemptInfo]:
+    """Every attempt of a job (of one node), page by page."""
+    return _pages(lambda offset: client.list_attempts(job, node=node, limit=PAGE, offset=offset))
+
+
+def _pages(fetch: Callable[[int], list[T]]) -> Iterator[T]:
     offset = 0
     while True:
-        page = client.list_checkpoints(job, limit=PAGE, offset=offset, **filters)
+        page = fetch(offset)
         yield from page
         if len(page) < PAGE:
             return
@@ -52,91 +74,92 @@ def iter_records(client: ServiceClient, job: str, **filters: object) -> Iterator
 
 @dataclass(frozen=True)
 class Checked:
-    """One committed record, what verifying its bytes found, and whether the service was told."""
+    """One committed copy's record, what verifying its bytes found, and the state marked in the service."""
 
     record: CheckpointRecord
     report: VerifyReport
-    marked_corrupt: bool
+    marked: str | None  # "corrupt" or "missing" when the service was told
 
 
 def verify_job(
-    client: ServiceClient, job: str, records: list[CheckpointRecord], *, progress: Progress = lambda n: None
+    client: ServiceClient,
+    job: str,
+    records: list[CheckpointRecord],
+    *,
+    tier: Tier = "durable",
+    progress: Progress = lambda n: None,
 ) -> list[Checked]:
-    """Verify every shard and tensor checksum of the given committed records of a job
-    (`iter_records(client, job, state="committed")` for all of them).
+    """Verify every shard and tensor checksum of the given committed records of a job on one tier
+    (`iter_records(client, job, state="committed")` for all of them; the local tier only on its node).
 
-    A checkpoint that fails is marked corrupt in the service, so its position stops counting as good.
+    A copy that fails is marked `corrupt` (or `missing` when its files are gone) in the service, so
+    the judge re-decides its position.
     """
-    store = Store(client.get_job(job).storage_root)
+    info = client.get_job(job)
+    root = info.storage_root if tier == "durable" else info.local_root
+    if root is None:
+        raise ValueError(f"job {job!r} has no local tier")
+    store = Store(root)
     checked = []
-    for record in records:
+    for record in (r for r in records if r.tier == tier):
         try:
             report = store.verify(job, record.node, record.epoch, batch=record.batch, attempt=record.attempt)
         except CheckpointNotFoundError:
             report = VerifyReport(record.location, Position(record.epoch, record.batch), record.attempt, False)
         progress(record.bytes)
-        marked = False
+        marked: MarkState | None = None
         if not report.ok:
+            marked = "missing" if report.state == "missing" else "corrupt"
             detail = "; ".join(p.detail for p in report.problems) or "not on storage"
             client.mark(
-                job, record.node, report.position, "corrupt", attempt=record.attempt, reason=f"verify: {detail}"[:500]
+                job,
+                record.node,
+                report.position,
+                marked,
+                attempt=record.attempt,
+                tier=tier,
+                reason=f"verify: {detail}"[:500],
             )
-            marked = True
         checked.append(Checked(record, report, marked))
     return checked
 
 
-# -- gc ----------------------------------------------------------------------------------------
+# -- retention ---------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Removal:
-    """One checkpoint attempt gc deleted (or would delete, on a dry run), and why."""
-
-    node: str
-    position: Position
-    attempt: str
-    reason: str
-    location: str
-
-
-def collect_garbage(
+def apply_retention(
     client: ServiceClient, job: str, *, dry_run: bool = False, now: float | None = None
-) -> list[Removal]:
-    """Execute the service's gc-plan for every node, then remove what only storage knows of:
+) -> list[PlannedDeletion]:
+    """Execute the service's retention plan for every node, then remove what only storage knows of:
     uncommitted leftovers and superseded attempts older than the job's grace period."""
     info = client.get_job(job)
     store = Store(info.storage_root)
     now = time.time() if now is None else now
-    plan = client.gc_plan(job)
-    removals = [Removal(d.node, Position(d.epoch, d.batch), d.attempt, d.reason, d.location) for d in plan.deletions]
-    planned = {(r.node, r.position, r.attempt) for r in removals}
+    deletions = list(client.retention_plan(job).deletions)
+    planned = {(d.node, Position(d.epoch, d.batch), d.attempt) for d in deletions}
     policy = RetentionPolicy(grace_seconds=info.retention.grace_seconds)
     for node in info.nodes:
-        infos = {(i.position, i.attempt): i for i in store.list_checkpoints(job, node)}
+        infos = {(i.position, i.attempt): i for i in store.list_checkpoints(job, node) if not i.foreign}
         candidates = [
             Candidate(node, i.position, i.attempt, committed=i.committed, modified=i.modified) for i in infos.values()
         ]
-        for d in plan_deletions(candidates, good=(), policy=policy, now=now):
-            if (node, d.position, d.attempt) not in planned:
-                location = infos[(d.position, d.attempt)].location
-                removals.append(Removal(node, d.position, d.attempt, d.reason, location))
+        for leftover in plan_deletions(candidates, good=(), policy=policy, now=now):
+            if (node, leftover.position, leftover.attempt) not in planned:
+                deletions.append(
+                    PlannedDeletion(
+                        node=node,
+                        epoch=leftover.position.epoch,
+                        batch=leftover.position.batch,
+                        attempt=leftover.attempt,
+                        location=infos[(leftover.position, leftover.attempt)].location,
+                        reason=leftover.reason,
+                    )
+                )
     if not dry_run:
-        for removal in removals:
-            _remove(client, store, job, removal)
-    return removals
-
-
-def _remove(client: ServiceClient, store: Store, job: str, removal: Removal) -> None:
-    position = removal.position
-    try:
-        store.delete(job, removal.node, position.epoch, batch=position.batch, attempt=removal.attempt)
-    except CheckpointNotFoundError:
-        pass  # already gone: only the record is left to mark
-    try:
-        client.mark(job, removal.node, position, "deleted", attempt=removal.attempt, reason=f"gc: {removal.reason}")
-    except CheckpointNotFoundError:
-        pass  # storage-only leftovers have no record
+        for d in deletions:
+            position = Position(d.epoch, d.batch)
+            delete_checkpoint(store, client, job, d.node, position, attempt=d.attempt, reason=f"gc: {d.reason}")
+    return deletions
 
 
 # -- reindex -----------------------------------------------------------------------------------
@@ -152,6 +175,7 @@ class JobIndex:
     missing_in_service: list[CheckpointRef] = field(default_factory=list)
     missing_on_storage: list[CheckpointRecord] = field(default_factory=list)
     counters_behind: dict[str, tuple[int, int]] = field(default_factory=dict)  # node → (service, storage)
+    refused: list[str] = field(default_factory=list)  # locations whose attempt id no counter can follow
     applied: bool = False
 
     @property
@@ -166,9 +190,10 @@ def reindex(client: ServiceClient, root: str, *, check: bool = False) -> list[Jo
 
     For each job: declare it if the service does not know it (nodes = the node folders found,
     default retention), post every committed checkpoint the service lacks (with the metrics its
-    manifest carries), then register attempts until each node's attempt counter is at least the
-    highest attempt on storage. With `check=True` nothing is written; the differences are returned.
-    Records of checkpoints missing on storage are reported, never changed.
+    manifest carries), then raise each node's attempt counter to the highest attempt on storage in
+    one request. With `check=True` nothing is written; the differences are returned. Records of
+    checkpoints missing on storage are reported, never changed; attempt ids at or above
+    `ATTEMPT_LIMIT` (which no counter could follow: a planted `…/9999999999/`) are reported as refused.
     """
     store = Store(root)
     results = []
@@ -183,10 +208,14 @@ def reindex(client: ServiceClient, root: str, *, check: bool = False) -> list[Jo
         highest: dict[str, int] = {}
         for node in nodes:
             for found in store.list_checkpoints(job, node):
-                highest[node] = max(highest.get(node, 0), attempt_sort_key(found.attempt)[0])
+                if attempt_number(found.attempt) >= ATTEMPT_LIMIT:
+                    result.refused.append(found.location)
+                    continue
+                highest[node] = max(highest.get(node, 0), attempt_number(found.attempt))
                 if found.manifest is not None:
                     committed.append(CheckpointRef.of(found.location, found.manifest))
-        records = [] if info is None else list(iter_records(client, job))
+        # The root is the job's durable tier: copies on the nodes' local tiers are not its business.
+        records = [] if info is None else [r for r in iter_records(client, job) if r.tier == "durable"]
         known = {(r.node, Position(r.epoch, r.batch), r.attempt) for r in records}
         on_storage = {(c.node, c.position, c.attempt) for c in committed}
         result.missing_in_service = [c for c in committed if (c.node, c.position, c.attempt) not in known]
@@ -208,7 +237,7 @@ def reindex(client: ServiceClient, root: str, *, check: bool = False) -> list[Jo
 def _attempt_counters(client: ServiceClient, job: str, records: list[CheckpointRecord]) -> dict[str, int]:
     """Each node's highest attempt number the service knows, registered or committed."""
     counters: dict[str, int] = {}
-    numbered = [(a.node, a.attempt) for a in client.list_attempts(job)]
+    numbered = [(a.node, attempt_number(a.attempt)) for a in iter_attempts(client, job)]
     numbered += [(r.node, attempt_sort_key(r.attempt)[0]) for r in records]
     for node, number in numbered:
         counters[node] = max(counters.get(node, 0), number)
@@ -220,17 +249,19 @@ def _apply(
 ) -> None:
     if info is None:
         client.put_job(job, nodes=nodes, storage_root=root)
-    for ref in sorted(result.missing_in_service, key=lambda r: (attempt_sort_key(r.attempt), r.position, r.node)):
-        try:
-            client.commit(ref, metrics=_metrics_of(ref))
-        except FencedError:
+    refs = sorted(result.missing_in_service, key=lambda r: (attempt_sort_key(r.attempt), r.position, r.node))
+    answers = client.commit_many(job, [Commit(ref, metrics=_metrics_of(ref)) for ref in refs]) if refs else []
+    for ref, answer in zip(refs, answers, strict=True):
+        if isinstance(answer, FencedError):
             # A newer attempt is registered: this older checkpoint cannot be recorded any more.
             result.missing_in_service.remove(ref)
-    for node, (service_top, top) in result.counters_behind.items():
-        # Commits count as attempts seen: register only what is still missing above them.
-        posted = [attempt_sort_key(r.attempt)[0] for r in result.missing_in_service if r.node == node]
-        for _ in range(top - max(service_top, *posted, 0)):
-            client.start_attempt(job, node)
+        elif isinstance(answer, Exception):
+            raise answer
+    for node, (_, top) in result.counters_behind.items():
+        # Commits count as attempts seen: register one only if the counter is still below storage's.
+        posted = [attempt_number(r.attempt) for r in result.missing_in_service if r.node == node]
+        if max(posted, default=0) < top:
+            client.start_attempt(job, node, at_least=top)
     result.applied = True
 
 

@@ -10,30 +10,48 @@ from __future__ import annotations
 import os
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import httpx
+from pydantic import BaseModel
 
 from ckptstore.errors import (
-    CheckpointNotFoundError,
-    CommitConflictError,
-    FencedError,
-    RequestRejectedError,
     ServiceUnavailableError,
 )
+from ckptstore.events import Event
+from ckptstore.names import Tier, attempt_number, validate_attempt, validate_name
 from ckptstore.position import Position
 from ckptstore.report import AccessReport, CheckpointRef
 from ckptstore.schema import (
     AttemptInfo,
+    AttemptRequest,
     CheckpointRecord,
-    GcPlan,
+    CommitBatch,
+    CommitOutcome,
+    HealthReport,
     JobHealth,
     JobInfo,
+    JobSpec,
     LastGood,
+    MarkRequest,
+    MarkState,
+    NodeCommit,
     NodeHealth,
+    PositionBody,
+    ResumeAgreement,
+    ResumeReport,
+    RetentionPlan,
+    RetentionSpec,
+    SkippedCopy,
+    StatsAction,
+    StatsReport,
     StatsSummary,
 )
+from client.events import follow
+from client.options import check_service_url, service_url_from_env, service_urls
+from client.wire import Commit, answer, batches, commit_request, raise_for
 
 __all__ = ["ServiceClient"]
 
@@ -41,37 +59,17 @@ T = TypeVar("T")
 _RETRYABLE_STATUS = {502, 503, 504}
 
 
-def _raise_for(response: httpx.Response) -> None:
-    """Translate an error answer into the typed error it means."""
-    if response.is_success:
-        return
-    try:
-        body = response.json()
-        code, detail = str(body.get("error", "")), str(body.get("detail", response.text))
-    except ValueError:
-        code, detail = "", response.text[:500]
-    status = response.status_code
-    if status >= 500:
-        raise ServiceUnavailableError(f"service answered {status}: {detail}")
-    if status == 409 and code == "fenced":
-        raise FencedError(detail)
-    if status == 409:
-        raise CommitConflictError(detail)
-    if status == 404:
-        raise CheckpointNotFoundError(detail)
-    raise RequestRejectedError(status, code or "invalid", detail)
-
-
 class ServiceClient:
     """A client of the ckptstore metadata service.
 
-    `url` defaults to `CKPTSTORE_URL`; `token` to `CKPTSTORE_TOKEN`. `retries` bounds the attempts
+    `url` — one URL, a comma-separated list or a sequence of replicas' URLs; a request that fails at one
+    goes to the next (commits are idempotent: none is lost or doubled) — defaults to `CKPTSTORE_URL`; `token` to `CKPTSTORE_TOKEN`. `retries` bounds the attempts
     per call on connection errors and 5xx (ServiceUnavailableError after the last one).
     """
 
     def __init__(
         self,
-        url: str | None = None,
+        url: str | Sequence[str] | None = None,
         *,
         token: str | None = None,
         timeout: float = 10.0,
@@ -79,15 +77,21 @@ class ServiceClient:
         backoff: float = 0.2,
         transport: httpx.BaseTransport | None = None,
     ):
-        url = url or os.environ.get("CKPTSTORE_URL")
-        if not url:
+        urls = service_urls(url or service_url_from_env())
+        if not urls:
             raise ValueError("no service URL: pass url= or set CKPTSTORE_URL")
         token = token if token is not None else os.environ.get("CKPTSTORE_TOKEN")
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self.url = url.rstrip("/")
+        self.urls = [check_service_url(u).rstrip("/") for u in urls]
+        self._current = 0
         self.retries = max(1, retries)
         self.backoff = backoff
-        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout, transport=transport)
+        self._http = httpx.Client(headers=headers, timeout=timeout, transport=transport)
+
+    @property
+    def url(self) -> str:
+        """The service URL requests go to now (the next one takes over when it fails)."""
+        return self.urls[self._current]
 
     def __enter__(self) -> ServiceClient:
         return self
@@ -98,37 +102,85 @@ class ServiceClient:
     def close(self) -> None:
         self._http.close()
 
-    def _call(self, method: str, path: str, *, parse: Callable[[Any], T] | None = None, **kwargs: Any) -> T | None:
+    @staticmethod
+    def _job_path(job: str) -> str:
+        """`/v1/jobs/<job>`, the name checked first: a bad name is InvalidNameError, never a request."""
+        return f"/v1/jobs/{validate_name(job, kind='job')}"
+
+    def _node_path(self, job: str, node: str) -> str:
+        return f"{self._job_path(job)}/nodes/{validate_name(node, kind='node')}"
+
+    def next_url(self) -> None:
+        """Send the next requests to the next service URL (the current one failed)."""
+        self._current = (self._current + 1) % len(self.urls)
+
+    @contextmanager
+    def stream(self, method: str, path: str, **kwargs: Any) -> Iterator[httpx.Response]:
+        """One streamed request to the current URL (no retries: the caller resumes); a refusal raises
+        its typed error, a 5xx ServiceUnavailableError."""
+        with self._http.stream(method, self.url + path, **kwargs) as response:
+            if not response.is_success:
+                response.read()
+                raise_for(response)
+            yield response
+
+    def events(
+        self, job: str | None = None, *, after: int | None = None, types: Iterable[str] | None = None
+    ) -> Iterator[Event]:
+        """The service's events (of `job`, of some `types`) from `after` (None: from now on), as they
+        happen; reconnects on its own from the last event seen (client/events.py)."""
+        return follow(self, None if job is None else validate_name(job, kind="job"), after=after, types=types)
+
+    def _request(self, method: str, path: str, *, body: BaseModel | None = None, **kwargs: Any) -> httpx.Response:
+        """One request, retried on connection errors and 5xx; `body` is sent as the model's JSON.
+        Returns a successful response; raises the typed error of a refusal."""
+        if body is not None:
+            kwargs["content"] = body.model_dump_json(exclude_unset=True)
+            kwargs["headers"] = {"content-type": "application/json"}
+        error: Exception | None = None
         for attempt in range(self.retries):
-            try:
-                response = self._http.request(method, path, **kwargs)
-            except httpx.TransportError as exc:
-                error: Exception = exc
-            else:
-                if response.status_code not in _RETRYABLE_STATUS:
-                    _raise_for(response)
-                    return parse(response.json()) if parse and response.content else None
-                error = ServiceUnavailableError(f"service answered {response.status_code}")
+            for _ in self.urls:  # each service URL in turn, from the one that answered last
+                try:
+                    response = self._http.request(method, self.url + path, **kwargs)
+                except httpx.TransportError as exc:
+                    error = exc
+                else:
+                    if response.status_code not in _RETRYABLE_STATUS:
+                        raise_for(response)
+                        return response
+                    error = ServiceUnavailableError(f"{self.url} answered {response.status_code}")
+                self.next_url()
             if attempt + 1 < self.retries:
                 time.sleep(self.backoff * (2**attempt) * (0.5 + random.random()))
         raise ServiceUnavailableError(
-            f"{method} {self.url}{path} failed after {self.retries} tries: {error}"
+            f"{method} {path} failed at {', '.join(self.urls)} after {self.retries} tries: {error}"
         ) from error
+
+    def _call(
+        self, method: str, path: str, *, parse: Callable[[Any], T], body: BaseModel | None = None, **kwargs: Any
+    ) -> T:
+        """`_request`, with the answer's JSON parsed by `parse`."""
+        return parse(self._request(method, path, body=body, **kwargs).json())
 
     # -- jobs and attempts ---------------------------------------------------------------------
 
     def put_job(
-        self, job: str, nodes: list[str], *, storage_root: str | None = None, retention: dict[str, Any] | None = None
+        self,
+        job: str,
+        nodes: list[str],
+        *,
+        storage_root: str | None = None,
+        local_root: str | None = None,
+        retention: dict[str, Any] | None = None,
     ) -> JobInfo:
-        body: dict[str, Any] = {"nodes": nodes}
-        if storage_root is not None:
-            body["storage_root"] = storage_root
+        fields: dict[str, Any] = {"nodes": nodes, "storage_root": storage_root, "local_root": local_root}
         if retention is not None:
-            body["retention"] = retention
-        return self._call("PUT", f"/v1/jobs/{job}", json=body, parse=JobInfo.model_validate)
+            fields["retention"] = RetentionSpec.model_validate(retention)
+        spec = JobSpec.model_validate(fields)
+        return self._call("PUT", self._job_path(job), body=spec, parse=JobInfo.model_validate)
 
     def get_job(self, job: str) -> JobInfo:
-        return self._call("GET", f"/v1/jobs/{job}", parse=JobInfo.model_validate)
+        return self._call("GET", self._job_path(job), parse=JobInfo.model_validate)
 
     def list_jobs(self, *, limit: int = 100, offset: int = 0) -> list[JobInfo]:
         return self._call(
@@ -139,46 +191,77 @@ class ServiceClient:
         )
 
     def delete_job(self, job: str) -> None:
-        self._call("DELETE", f"/v1/jobs/{job}")
+        self._request("DELETE", self._job_path(job))
 
-    def start_attempt(self, job: str, node: str, *, resumed_from: Position | None = None) -> int:
-        """Register a process start; returns its attempt number (every older attempt is fenced)."""
-        body = {
-            "resumed_from": None if resumed_from is None else {"epoch": resumed_from.epoch, "batch": resumed_from.batch}
-        }
+    def start_attempt(
+        self, job: str, node: str, *, resumed_from: Position | None = None, at_least: int | None = None
+    ) -> str:
+        """Register a process start; returns its attempt id (every older attempt is fenced). `at_least`
+        numbers it at least so (raising the node's counter in one request)."""
+        fields: dict[str, Any] = {"resumed_from": PositionBody.of(resumed_from)}
+        if at_least is not None:
+            fields["at_least"] = at_least
         return self._call(
             "POST",
-            f"/v1/jobs/{job}/nodes/{node}/attempts",
-            json=body,
+            self._node_path(job, node) + "/attempts",
+            body=AttemptRequest.model_validate(fields),
             parse=lambda b: AttemptInfo.model_validate(b).attempt,
         )
 
-    def list_attempts(self, job: str, *, node: str | None = None) -> list[AttemptInfo]:
-        params = {"node": node} if node else {}
+    def report_resume(
+        self, job: str, node: str, attempt: str, *, resumed_from: Position | None, skipped: list[SkippedCopy]
+    ) -> AttemptInfo:
+        """Record where this attempt resumed (its part verified there) and which copies it skipped."""
+        body = ResumeReport(resumed_from=PositionBody.of(resumed_from), skipped=skipped)
+        return self._call(
+            "PUT",
+            self._node_path(job, node) + f"/attempts/{attempt_number(validate_attempt(attempt))}",
+            body=body,
+            parse=AttemptInfo.model_validate,
+        )
+
+    def resume_agreement(self, job: str) -> ResumeAgreement:
+        return self._call("GET", self._job_path(job) + "/resume-agreement", parse=ResumeAgreement.model_validate)
+
+    def list_attempts(
+        self, job: str, *, node: str | None = None, limit: int = 1000, offset: int = 0
+    ) -> list[AttemptInfo]:
+        """One page of the job's attempts in the order they started (`operations.iter_attempts`: all)."""
+        params: dict[str, str | int] = {"limit": limit, "offset": offset} | ({"node": node} if node else {})
         return self._call(
             "GET",
-            f"/v1/jobs/{job}/attempts",
+            self._job_path(job) + "/attempts",
             params=params,
             parse=lambda rows: [AttemptInfo.model_validate(r) for r in rows],
         )
 
     # -- checkpoints ---------------------------------------------------------------------------
 
-    def commit(self, ref: CheckpointRef, *, metrics: dict[str, float] | None = None) -> CheckpointRecord:
-        """Record a checkpoint the core committed (idempotent: a re-post of the same commit is fine)."""
-        body = {
-            "epoch": ref.position.epoch,
-            "batch": ref.position.batch,
-            "attempt": ref.attempt,
-            "step": ref.manifest.step,
-            "location": ref.location,
-            "bytes": ref.bytes,
-            "checksums": ref.checksums,
-            "metrics": metrics or {},
-        }
+    def commit(
+        self, ref: CheckpointRef, *, metrics: dict[str, float] | None = None, tier: Tier = "durable"
+    ) -> CheckpointRecord:
+        """Record a copy the core committed (idempotent: a re-post of the same commit is fine)."""
         return self._call(
-            "POST", f"/v1/jobs/{ref.job}/nodes/{ref.node}/checkpoints", json=body, parse=CheckpointRecord.model_validate
+            "POST",
+            self._node_path(ref.job, ref.node) + "/checkpoints",
+            body=commit_request(Commit(ref, tier, metrics or {})),
+            parse=CheckpointRecord.model_validate,
         )
+
+    def commit_many(self, job: str, commits: Sequence[Commit]) -> list[CheckpointRecord | Exception]:
+        """Record several copies of `job` in order, in as few requests as the limits allow: for each, its record
+        or the typed error it got alone (FencedError, CommitConflictError, ...). Raises only when the
+        service could record nothing (ServiceUnavailableError)."""
+        answers: list[CheckpointRecord | Exception] = []
+        for chunk in batches([NodeCommit(node=c.ref.node, **commit_request(c).model_dump()) for c in commits]):
+            outcomes = self._call(
+                "POST",
+                self._job_path(job) + "/checkpoints/batch",
+                body=CommitBatch(commits=chunk),
+                parse=lambda rows: [CommitOutcome.model_validate(r) for r in rows],
+            )
+            answers += [answer(outcome) for outcome in outcomes]
+        return answers
 
     def list_checkpoints(
         self,
@@ -197,7 +280,7 @@ class ServiceClient:
         }
         return self._call(
             "GET",
-            f"/v1/jobs/{job}/checkpoints",
+            self._job_path(job) + "/checkpoints",
             params=params,
             parse=lambda rows: [CheckpointRecord.model_validate(r) for r in rows],
         )
@@ -207,45 +290,50 @@ class ServiceClient:
         job: str,
         node: str,
         position: Position,
-        state: str,
+        state: MarkState,
         *,
-        attempt: str | int | None = None,
+        attempt: str | None = None,
+        tier: Tier | None = None,
         reason: str | None = None,
     ) -> list[CheckpointRecord]:
-        body = {"epoch": position.epoch, "batch": position.batch, "state": state, "attempt": attempt, "reason": reason}
+        """Mark a node's copy (newest attempt by default; every tier unless `tier`) corrupt, missing or deleted."""
+        body = MarkRequest(
+            epoch=position.epoch, batch=position.batch, state=state, attempt=attempt, tier=tier, reason=reason
+        )
         return self._call(
             "POST",
-            f"/v1/jobs/{job}/nodes/{node}/checkpoints/mark",
-            json=body,
+            self._node_path(job, node) + "/checkpoints/mark",
+            body=body,
             parse=lambda rows: [CheckpointRecord.model_validate(r) for r in rows],
         )
 
     def last_good_epoch(self, job: str, *, max_epoch: int | None = None) -> LastGood:
         params = {} if max_epoch is None else {"max_epoch": max_epoch}
-        return self._call("GET", f"/v1/jobs/{job}/last-good-epoch", params=params, parse=LastGood.model_validate)
+        return self._call("GET", self._job_path(job) + "/last-good-epoch", params=params, parse=LastGood.model_validate)
 
-    def gc_plan(self, job: str) -> GcPlan:
-        return self._call("GET", f"/v1/jobs/{job}/gc-plan", parse=GcPlan.model_validate)
+    def retention_plan(self, job: str) -> RetentionPlan:
+        return self._call("GET", self._job_path(job) + "/gc-plan", parse=RetentionPlan.model_validate)
 
     # -- health and stats ----------------------------------------------------------------------
 
     def report_health(self, job: str, node: str, report: AccessReport) -> NodeHealth:
-        body = {
-            "cp_accessible": report.ok,
-            "latency_ms": report.latency_ms,
-            "error": None if report.error is None else report.error[:2000],
-        }
-        return self._call("PUT", f"/v1/jobs/{job}/nodes/{node}/health", json=body, parse=NodeHealth.model_validate)
+        body = HealthReport(
+            cp_accessible=report.ok,
+            latency_ms=report.latency_ms,
+            error=None if report.error is None else report.error[:2000],
+        )
+        return self._call("PUT", self._node_path(job, node) + "/health", body=body, parse=NodeHealth.model_validate)
 
     def health(self, job: str, *, probe: bool = False) -> JobHealth:
         return self._call(
-            "GET", f"/v1/jobs/{job}/health", params={"probe": str(probe).lower()}, parse=JobHealth.model_validate
+            "GET", self._job_path(job) + "/health", params={"probe": str(probe).lower()}, parse=JobHealth.model_validate
         )
 
-    def report_stats(self, job: str, node: str, action: str, seconds: float, *, nbytes: int | None = None) -> None:
-        self._call(
-            "POST", f"/v1/jobs/{job}/stats", json={"node": node, "action": action, "seconds": seconds, "bytes": nbytes}
-        )
+    def report_stats(
+        self, job: str, node: str, action: StatsAction, seconds: float, *, nbytes: int | None = None
+    ) -> None:
+        body = StatsReport(node=node, action=action, seconds=seconds, bytes=nbytes)
+        self._request("POST", self._job_path(job) + "/stats", body=body)
 
     def stats(self, job: str) -> StatsSummary:
-        return self._call("GET", f"/v1/jobs/{job}/stats", parse=StatsSummary.model_validate)
+        return self._call("GET", self._job_path(job) + "/stats", parse=StatsSummary.model_validate)

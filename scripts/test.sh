@@ -4,9 +4,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/venv.sh
 ensure_venv "all,test"
-# The dashboard tests drive Debian's Chromium (packages chromium, chromium-driver).
-if ! command -v chromium >/dev/null 2>&1; then
+# The dashboard tests drive Debian's Chromium; the replica tests put Debian's nginx in front.
+missing=()
+command -v chromium >/dev/null 2>&1 || missing+=(chromium chromium-driver)
+command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || missing+=(nginx)
+if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" -eq 0 ]; then apt_get="apt-get"; else apt_get="sudo apt-get"; fi
-  $apt_get update -qq && DEBIAN_FRONTEND=noninteractive $apt_get install -y -qq chromium chromium-driver >/dev/null
+  $apt_get update -qq && DEBIAN_FRONTEND=noninteractive $apt_get install -y -qq "${missing[@]}" >/dev/null
 fi
+# The habits that keep the code this way: lint, format and types (strict on ckptstore/), then the suite.
+.venv/bin/ruff check .
+.venv/bin/ruff format --check .
+.venv/bin/mypy
 exec .venv/bin/python -m pytest "$@"

@@ -1,1 +1,1 @@
-"""ckptstore metadata service (FastAPI + SQLAlchemy): see DESIGN.md "Service API"."""
+"""ckptstore metadata service (FastAPI + SQLAlchemy): see docs/rest.md."""

@@ -11,8 +11,9 @@ import os
 import sys
 
 import uvicorn
+from pydantic import ValidationError
 
-from server.migrate import migrate
+from server.migrate import DatabaseRefused, migrate
 from server.protocol import BoundedHttpToolsProtocol
 from server.settings import Settings
 
@@ -42,9 +43,19 @@ def main(argv: list[str] | None = None) -> int:
         value = getattr(args, field)
         if value is not None:
             os.environ[f"CKPTSTORE_{field.upper()}"] = str(value)
-    settings = Settings()
+    try:
+        settings = Settings()
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        print(f"ckptstore serve: invalid setting {where.upper() or ''}: {first['msg']}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=settings.log_level.upper(), format="%(message)s", stream=sys.stderr)
-    migrate(settings.database_url)
+    try:
+        migrate(settings.database_url)
+    except DatabaseRefused as exc:
+        print(f"ckptstore serve: {exc}", file=sys.stderr)
+        return 1
     os.environ.setdefault("CKPTSTORE_DB_URL", settings.database_url)
     uvicorn.run(
         "server.app:app_factory",
@@ -56,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
         http=BoundedHttpToolsProtocol,
         log_level=settings.log_level.lower(),
         access_log=False,
+        proxy_headers=True,
+        forwarded_allow_ips=settings.trusted_proxies,
     )
     return 0
 

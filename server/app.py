@@ -12,30 +12,34 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.responses import HTMLResponse, Response
 from sqlalchemy.exc import IntegrityError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from server.answers import AnswerCache
+from server.auth import LoginRequired, NotYourJob, TokenAuth
+from server.batching import WriteBatcher
 from server.db import Database, make_engine
-from server.errors import STATUS_CODES, ApiError
+from server.errors import STATUS_CODES, ApiError, error_body
 from server.fastpath import LastGoodFastPath
 from server.metrics import METRICS
-from server.middleware import BodyLimit, RequestMetrics, TokenAuth
+from server.middleware import BodyLimit, RequestMetrics
+from server.origin import RequestGuard
 from server.routes import ROUTERS
 from server.settings import Settings
-from server.ui import LoginRequired, login_page
+from server.stream import EventHub
+from server.ui import login_page, not_your_job_page
 from server.ui import router as ui_router
+from server.versions import VersionWatch
+from server.webhooks import WebhookDispatcher
 
 __all__ = ["create_app", "app_factory"]
 
 log = logging.getLogger("ckptstore.server")
 
 
-def _error(status: int, code: str, detail: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    METRICS.refused.labels(code).inc()
-    return JSONResponse({"error": code, "detail": detail}, status_code=status, headers=headers)
+def _error(status: int, code: str, detail: str, headers: dict[str, str] | None = None) -> Response:
+    return Response(error_body(code, detail), status_code=status, headers=headers, media_type="application/json")
 
 
 def _validation_detail(exc: RequestValidationError) -> str:
@@ -48,35 +52,39 @@ def _validation_detail(exc: RequestValidationError) -> str:
 
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
-    async def api_error(_: Request, exc: ApiError) -> JSONResponse:
+    async def api_error(_: Request, exc: ApiError) -> Response:
         return _error(exc.status, exc.code, exc.detail, exc.headers)
 
     @app.exception_handler(LoginRequired)
     async def login_required(_: Request, exc: LoginRequired) -> HTMLResponse:
         return login_page()
 
+    @app.exception_handler(NotYourJob)
+    async def not_your_job(_: Request, exc: NotYourJob) -> HTMLResponse:
+        return not_your_job_page()
+
     @app.exception_handler(RequestValidationError)
-    async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def invalid(_: Request, exc: RequestValidationError) -> Response:
         return _error(422, "invalid", _validation_detail(exc))
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def http_error(_: Request, exc: StarletteHTTPException) -> Response:
         code = STATUS_CODES.get(exc.status_code, "invalid")
         return _error(exc.status_code, code, str(exc.detail), getattr(exc, "headers", None))
 
     @app.exception_handler(IntegrityError)
-    async def integrity(_: Request, exc: IntegrityError) -> JSONResponse:
+    async def integrity(_: Request, exc: IntegrityError) -> Response:
         log.warning("integrity error answered 409: %s", type(exc.orig).__name__)
         return _error(409, "conflict", "a concurrent request changed the same record; retry")
 
     @app.exception_handler(OperationalError)
-    async def database_unavailable(_: Request, exc: OperationalError) -> JSONResponse:
+    async def database_unavailable(_: Request, exc: OperationalError) -> Response:
         METRICS.db_errors.inc()
         log.error("database error answered 503: %s", type(exc.orig).__name__)
         return _error(503, "unavailable", "the database is unavailable; retry", {"Retry-After": "1"})
 
     @app.exception_handler(Exception)
-    async def unexpected(_: Request, exc: Exception) -> JSONResponse:
+    async def unexpected(_: Request, exc: Exception) -> Response:
         log.exception("unexpected error")
         return _error(500, "unavailable", "internal error")
 
@@ -87,12 +95,29 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        app.state.db = Database(make_engine(settings.database_url))
+        db = app.state.db = Database(make_engine(settings.database_url))
         app.state.answers = AnswerCache(settings.answer_cache_size)
+        hub = app.state.hub = EventHub(
+            db, poll_seconds=settings.events_poll_seconds, heartbeat_seconds=settings.events_heartbeat_seconds
+        )
+        await hub.start()
+        dispatcher = WebhookDispatcher(db, settings)
+
+        def new_events(newest: int) -> None:
+            hub.wake(newest)
+            dispatcher.wake(newest)
+
+        db.on_events = new_events
+        app.state.versions = VersionWatch(db, on_events=new_events)
+        app.state.writes = WriteBatcher(db)
         try:
             yield
         finally:
-            app.state.db.dispose()
+            app.state.writes.close()
+            app.state.versions.stop()
+            dispatcher.stop()
+            await hub.stop()
+            db.dispose()
 
     app = FastAPI(
         title="ckptstore",
@@ -110,7 +135,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     job_tokens = {job: secret.get_secret_value() for job, secret in settings.job_tokens.items()}
     app.add_middleware(TokenAuth, token=token, job_tokens=job_tokens)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
-    app.add_middleware(TrustedHostMiddleware, allowed_hosts=settings.trusted_host_list)
+    app.add_middleware(RequestGuard, allowed_hosts=settings.accepted_hosts)
     app.add_middleware(RequestMetrics)
     return app
 

@@ -12,10 +12,11 @@ from dataclasses import dataclass, field
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from ckptstore.names import attempt_sort_key
 from ckptstore.position import Position
-from server.models import Attempt, Checkpoint, Health, Job, PositionRow, Stat, batch_of
-from server.records import expected_nodes, resume_position
+from ckptstore.schema import NodeHealth
+from server.aggregate import AGGREGATE_NODES, SHOWN_NODES, Laggard, PositionCounts, laggards, position_counts
+from server.last_good import expected_nodes, parts_at
+from server.models import Attempt, Checkpoint, Health, Job, PositionRow, Stat
 from server.telemetry import job_health
 
 __all__ = [
@@ -24,7 +25,6 @@ __all__ = [
     "Cell",
     "jobs_overview",
     "job_detail",
-    "resumed_from",
     "GRID_WINDOW",
     "JOBS_PER_PAGE",
 ]
@@ -53,12 +53,16 @@ class Cell:
     state: str  # committed, corrupt, deleted, missing, or "" where the node was not expected
     attempt: str | None = None
     reason: str | None = None
+    copies: str = ""  # each copy's tier and state, e.g. "local committed, durable committed"
+    local_only: bool = False  # intact only on the local tier: replication pending
 
 
 @dataclass
 class JobDetail:
     name: str
     storage_root: str
+    local_root: str | None
+    durable_epoch: int | None
     nodes: list[str]
     last_good_epoch: int | None
     resume: Position | None
@@ -72,16 +76,20 @@ class JobDetail:
     page: int
     more: bool
     counts: dict[str, int] = field(default_factory=dict)
+    aggregate: list[PositionCounts] | None = None  # a large job: counts per position instead of `cells`
+    laggards: list[Laggard] = field(default_factory=list)
+    behind: int = 0  # nodes whose newest intact copy is older than the newest position
+    health_more: int = 0  # a large job lists SHOWN_NODES nodes that are not ok: how many more are not
 
 
 def _newest_position(session: Session, job: Job) -> Position | None:
-    row = session.execute(
-        select(Checkpoint.epoch, Checkpoint.batch_key)
+    row = session.scalar(
+        select(Checkpoint)
         .where(Checkpoint.job_id == job.id, Checkpoint.state == "committed")
         .order_by(Checkpoint.epoch.desc(), Checkpoint.batch_key.desc())
         .limit(1)
-    ).first()
-    return None if row is None else Position(row.epoch, batch_of(row.batch_key))
+    )
+    return None if row is None else row.position
 
 
 def _health_summary(session: Session, job: Job, nodes: list[str], stale_after: float) -> tuple[str, str]:
@@ -97,9 +105,12 @@ def _health_summary(session: Session, job: Job, nodes: list[str], stale_after: f
     return "all ok", "ok"
 
 
-def jobs_overview(session: Session, *, page: int, stale_after: float) -> tuple[list[JobSummary], bool]:
-    """One page of jobs by name, and whether there is a next page."""
-    jobs = list(session.scalars(select(Job).order_by(Job.name).limit(JOBS_PER_PAGE + 1).offset(page * JOBS_PER_PAGE)))
+def jobs_overview(
+    session: Session, *, page: int, stale_after: float, only: str | None = None
+) -> tuple[list[JobSummary], bool]:
+    """One page of jobs by name (just the job `only`, for a job's session), and whether there is a next page."""
+    query = select(Job) if only is None else select(Job).where(Job.name == only)
+    jobs = list(session.scalars(query.order_by(Job.name).limit(JOBS_PER_PAGE + 1).offset(page * JOBS_PER_PAGE)))
     summaries = []
     for job in jobs[:JOBS_PER_PAGE]:
         nodes = expected_nodes(session, job)
@@ -126,7 +137,7 @@ def jobs_overview(session: Session, *, page: int, stale_after: float) -> tuple[l
             JobSummary(
                 name=job.name,
                 last_good_epoch=job.last_good_epoch,
-                resume=resume_position(job),
+                resume=job.resume,
                 nodes=nodes,
                 newest=newest,
                 slowest_lag=lag,
@@ -151,47 +162,19 @@ def job_detail(session: Session, job: Job, *, page: int, stale_after: float) -> 
         )
     )
     more, rows = len(rows) > GRID_WINDOW, rows[:GRID_WINDOW]
-    positions = [Position(r.epoch, batch_of(r.batch_key)) for r in rows]
-    expected = {
-        Position(r.epoch, batch_of(r.batch_key)): set(expected_nodes(session, job, r.nodes_version)) for r in rows
-    }
-    nodes = set(expected_nodes(session, job))
-    newest_attempt: dict[tuple[str, Position], Checkpoint] = {}
-    if rows:
-        low, high = rows[-1], rows[0]
-        checkpoints = session.scalars(
-            select(Checkpoint).where(
-                Checkpoint.job_id == job.id,
-                Checkpoint.epoch.between(low.epoch, high.epoch),
-            )
-        )
-        window = set(positions)
-        for c in checkpoints:
-            position = Position(c.epoch, batch_of(c.batch_key))
-            if position not in window:
-                continue
-            key = (c.node, position)
-            if key not in newest_attempt or attempt_sort_key(c.attempt) > attempt_sort_key(newest_attempt[key].attempt):
-                newest_attempt[key] = c
-            nodes.add(c.node)
-    cells: dict[tuple[str, Position], Cell] = {}
-    counts = dict.fromkeys(STATES, 0)
-    for position in positions:
-        for node in nodes:
-            found = newest_attempt.get((node, position))
-            if found is not None:
-                cell = Cell(found.state, found.attempt, found.reason)
-            elif node in expected[position]:
-                cell = Cell("missing")
-            else:
-                cell = Cell("")
-            cells[(node, position)] = cell
-            if cell.state:
-                counts[cell.state] += 1
-    sizes = [
-        (p, sum(c.bytes for (n, q), c in newest_attempt.items() if q == p and c.state != "deleted"))
-        for p in reversed(positions)
-    ]
+    positions = [r.position for r in rows]
+    nodes = expected_nodes(session, job)
+    if len(nodes) > AGGREGATE_NODES:
+        aggregate = position_counts(session, job, rows)
+        cells: dict[tuple[str, Position], Cell] = {}
+        sizes = [(c.position, c.bytes) for c in reversed(aggregate)]
+        shown_laggards, behind = laggards(session, job, _newest_position(session, job))
+        unhealthy = [h for h in job_health(session, job, nodes, stale_after=stale_after) if not _healthy(h)]
+        health, health_more = unhealthy[:SHOWN_NODES], max(len(unhealthy) - SHOWN_NODES, 0)
+    else:
+        aggregate, shown_laggards, behind, health_more = None, [], 0, 0
+        cells, nodes, sizes = _grid(session, job, rows)
+        health = job_health(session, job, nodes, stale_after=stale_after)
     saves = session.scalars(
         select(Stat.seconds)
         .where(Stat.job_id == job.id, Stat.action == "save")
@@ -204,24 +187,63 @@ def job_detail(session: Session, job: Job, *, page: int, stale_after: float) -> 
     return JobDetail(
         name=job.name,
         storage_root=job.storage_root,
-        nodes=sorted(nodes),
+        local_root=job.local_root,
+        durable_epoch=job.durable_epoch,
+        nodes=nodes,
         last_good_epoch=job.last_good_epoch,
-        resume=resume_position(job),
+        resume=job.resume,
         positions=positions,
-        good={Position(r.epoch, batch_of(r.batch_key)) for r in rows if r.good},
+        good={r.position for r in rows if r.good},
         cells=cells,
-        health=job_health(session, job, sorted(nodes), stale_after=stale_after),
+        health=health,
         sizes=sizes,
         save_seconds=list(saves)[::-1],
         attempts=attempts,
         page=page,
         more=more,
-        counts=counts,
+        counts=_counts(cells),
+        aggregate=aggregate,
+        laggards=shown_laggards,
+        behind=behind,
+        health_more=health_more,
     )
 
 
-def resumed_from(attempt: Attempt) -> Position | None:
-    """Where an attempt resumed from (None for a fresh start)."""
-    if attempt.resumed_epoch is None:
-        return None
-    return Position(attempt.resumed_epoch, batch_of(attempt.resumed_batch_key))
+def _healthy(report: NodeHealth) -> bool:
+    return bool(report.cp_accessible) and not report.stale and not (report.replication and report.replication.pending)
+
+
+def _grid(
+    session: Session, job: Job, rows: list[PositionRow]
+) -> tuple[dict[tuple[str, Position], Cell], list[str], list[tuple[Position, int]]]:
+    """Each node's cell at each position, every node seen, and the size of each position (oldest first)."""
+    positions = [r.position for r in rows]
+    expected = {r.position: set(expected_nodes(session, job, r.nodes_version)) for r in rows}
+    nodes = set(expected_nodes(session, job))
+    found_parts = parts_at(session, job, positions)
+    nodes.update(node for at in found_parts.values() for node in at)
+    cells: dict[tuple[str, Position], Cell] = {}
+    for position in positions:
+        for node in nodes:
+            part = found_parts[position].get(node)
+            if part is not None:
+                reasons = [c.reason for c in part.copies if c.reason]
+                cells[(node, position)] = Cell(
+                    part.state,
+                    part.attempt,
+                    reasons[0] if reasons else None,
+                    ", ".join(f"{c.tier} {c.state}" for c in part.copies),
+                    part.intact and not part.durable and job.local_root is not None,
+                )
+            else:
+                cells[(node, position)] = Cell("missing" if node in expected[position] else "")
+    sizes = [(p, sum(part.copies[0].bytes for part in found_parts[p].values())) for p in reversed(positions)]
+    return cells, sorted(nodes), sizes
+
+
+def _counts(cells: dict[tuple[str, Position], Cell]) -> dict[str, int]:
+    counts = dict.fromkeys(STATES, 0)
+    for cell in cells.values():
+        if cell.state:
+            counts[cell.state] += 1
+    return counts

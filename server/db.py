@@ -6,15 +6,20 @@ lock upgrade. PostgreSQL write paths lock the job row (`FOR UPDATE`) themselves.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-__all__ = ["make_engine", "Database", "SQLITE_PRAGMAS"]
+from server.events import write_pending
+
+__all__ = ["make_engine", "Database", "SQLITE_PRAGMAS", "CHANNEL", "EVENTS_CHANNEL"]
+
+CHANNEL = "ckptstore_jobs"  # NOTIFY payload: "<version>:<job>" (version 0: the job was deleted)
+EVENTS_CHANNEL = "ckptstore_events"  # NOTIFY payload: the newest event id written
 
 SQLITE_PRAGMAS = {"journal_mode": "wal", "synchronous": 2, "busy_timeout": 30000, "foreign_keys": 1}
 
@@ -54,6 +59,7 @@ class Database:
         self.version_sql = f"SELECT version FROM jobs WHERE name = {marker}"
         self._version_connection: Any = None
         self.errors: tuple[type[Exception], ...] = (SQLAlchemyError, engine.dialect.loaded_dbapi.Error)
+        self.on_events: Callable[[int], None] | None = None
 
     @contextmanager
     def read(self) -> Iterator[Session]:
@@ -80,11 +86,12 @@ class Database:
                 self._close_version_connection()
                 if retry:
                     raise
+        raise AssertionError("not reached: the second try returns or raises")
 
     def _open_version_connection(self) -> Any:
         connection = self.engine.raw_connection()
         if not self.is_sqlite:
-            connection.driver_connection.autocommit = True
+            connection.driver_connection.autocommit = True  # type: ignore[union-attr]
         return connection
 
     def _close_version_connection(self) -> None:
@@ -97,8 +104,26 @@ class Database:
 
     @contextmanager
     def write(self) -> Iterator[Session]:
-        with self._writes() as session, session.begin():
-            yield session
+        """A write transaction. It writes the events its changes emitted (server/events.py); on
+        PostgreSQL it tells every service process (LISTEN, server/versions.py) which jobs it changed
+        and the newest event id, delivered when it commits; in this process `on_events` hears of new
+        events once they are committed."""
+        with self._writes() as session:
+            with session.begin():
+                yield session
+                newest_event = write_pending(session, postgres=not self.is_sqlite)
+                if not self.is_sqlite:
+                    self._notify(session, session.info.pop("changed_jobs", {}), newest_event)
+            if newest_event is not None and self.on_events is not None:
+                self.on_events(newest_event)
+
+    @staticmethod
+    def _notify(session: Session, changed: dict[str, Any], newest_event: int | None) -> None:
+        notes = [(CHANNEL, f"{0 if job is None else job.version}:{name}") for name, job in changed.items()]
+        if newest_event is not None:
+            notes.append((EVENTS_CHANNEL, str(newest_event)))
+        for channel, payload in notes:
+            session.execute(text("SELECT pg_notify(:channel, :payload)"), {"channel": channel, "payload": payload})
 
     def dispose(self) -> None:
         self._close_version_connection()

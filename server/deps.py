@@ -8,15 +8,18 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import Depends, Path, Request
+from fastapi import Depends, Path, Query, Request
 
 from ckptstore.errors import InvalidNameError
 from ckptstore.names import NAME_JSON_SCHEMA, validate_name
+from server.batching import WriteBatcher
 from server.db import Database
 from server.errors import ApiError
+from server.paging import PAGE_LIMIT, Page
 from server.settings import Settings
+from server.stream import EventHub
 
-__all__ = ["DbDep", "SettingsDep", "JobName", "NodeName"]
+__all__ = ["DbDep", "WritesDep", "SettingsDep", "JobName", "NodeName", "PageDep", "HubDep"]
 
 
 async def _db(request: Request) -> Database:
@@ -42,7 +45,25 @@ async def _node_name(node: Annotated[str, Path(description="node name", json_sch
     return _validated_name(node, "node")
 
 
+async def _writes(request: Request) -> WriteBatcher:
+    return request.app.state.writes
+
+
+async def _hub(request: Request) -> EventHub:
+    return request.app.state.hub
+
+
+async def _page(
+    limit: Annotated[int, Query(ge=1, le=PAGE_LIMIT, description="rows per page")] = 1000,
+    offset: Annotated[int, Query(ge=0, le=10**9, description="rows to skip")] = 0,
+) -> Page:
+    return Page(limit, offset)
+
+
 DbDep = Annotated[Database, Depends(_db)]
+WritesDep = Annotated[WriteBatcher, Depends(_writes)]
 SettingsDep = Annotated[Settings, Depends(_settings)]
 JobName = Annotated[str, Depends(_job_name)]
 NodeName = Annotated[str, Depends(_node_name)]
+PageDep = Annotated[Page, Depends(_page)]
+HubDep = Annotated[EventHub, Depends(_hub)]

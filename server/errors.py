@@ -1,8 +1,16 @@
-"""API errors: every failure leaves the service as JSON `{"error": code, "detail": text}`."""
+"""API errors: every failure leaves the service as JSON `{"error": code, "detail": text}`, built
+from the wire schema's `ErrorBody` by `error_body` — the one place error bodies are made."""
 
 from __future__ import annotations
 
-__all__ = ["ApiError", "STATUS_CODES", "COMMON_ERRORS", "error_responses"]
+from typing import Any
+
+from starlette.types import Send
+
+from ckptstore.schema import ErrorBody
+from server.metrics import METRICS
+
+__all__ = ["ApiError", "STATUS_CODES", "COMMON_ERRORS", "error_responses", "error_body", "send_error"]
 
 STATUS_CODES = {
     400: "invalid",
@@ -19,7 +27,7 @@ STATUS_CODES = {
 
 
 class ApiError(Exception):
-    """A refusal with an HTTP status, one of DESIGN.md's error codes, and a human-readable detail."""
+    """A refusal with an HTTP status, one of the error codes of docs/rest.md, and a human-readable detail."""
 
     def __init__(self, status: int, code: str, detail: str, *, headers: dict[str, str] | None = None):
         super().__init__(detail)
@@ -37,10 +45,23 @@ class ApiError(Exception):
         return cls(422, "invalid", detail)
 
 
-def error_responses(*statuses: int) -> dict[int | str, dict]:
-    """OpenAPI `responses` entries documenting the JSON error body for these statuses."""
-    from ckptstore.schema import ErrorBody
+def error_body(code: str, detail: str) -> bytes:
+    """The JSON body of a refusal with one of the error codes of docs/rest.md; counted in the metrics."""
+    METRICS.refused.labels(code).inc()
+    return ErrorBody.model_validate({"error": code, "detail": detail}).model_dump_json(exclude_none=True).encode()
 
+
+async def send_error(send: Send, status: int, code: str, detail: str, headers: dict[str, str] | None = None) -> None:
+    """Answer an error straight from ASGI middleware (before routing)."""
+    body = error_body(code, detail)
+    raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    raw += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": body})
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses` entries documenting the JSON error body for these statuses."""
     return {status: {"model": ErrorBody, "description": STATUS_CODES.get(status, "error")} for status in statuses}
 
 

@@ -9,7 +9,6 @@ the FastAPI route, which computes the answer and fills the cache (or answers the
 from __future__ import annotations
 
 import re
-from urllib.parse import unquote
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -52,14 +51,14 @@ class LastGoodFastPath:
         query = _QUERY.match(scope["query_string"])
         if path is None or query is None:
             return None
-        try:
-            job = validate_name(unquote(path.group(1)), kind="job")
+        try:  # scope["path"] is decoded once already, as the route's path parameter is
+            job = validate_name(path.group(1), kind="job")
         except InvalidNameError:
             return None
         max_epoch = None if query.group(1) is None else int(query.group(1))
         state = scope["app"].state
         try:
-            version = state.db.job_version(job)
+            version = state.versions.version(job)
         except state.db.errors:  # the database is away: the route answers (503) through the app's handlers
             return None
         return None if version is None else state.answers.get((job, max_epoch), version)

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from collections.abc import Iterator
 
-__all__ = ["METRICS", "Metrics"]
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from ckptstore.schema import ReplicationLag
+
+__all__ = ["METRICS", "Metrics", "replication_metrics"]
 
 
 class Metrics:
@@ -33,3 +39,31 @@ class Metrics:
 
 
 METRICS = Metrics()
+
+
+class _Replication(Collector):
+    def __init__(self, lags: dict[str, dict[str, ReplicationLag]]):
+        self.lags = lags
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        pending = GaugeMetricFamily(
+            "ckptstore_replication_pending_copies", "local copies not yet on the durable tier", labels=["job", "node"]
+        )
+        lag = GaugeMetricFamily(
+            "ckptstore_replication_lag_seconds",
+            "how long the oldest local copy not yet on the durable tier has waited",
+            labels=["job", "node"],
+        )
+        for job, nodes in sorted(self.lags.items()):
+            for node, state in sorted(nodes.items()):
+                pending.add_metric([job, node], state.pending)
+                lag.add_metric([job, node], state.oldest_pending_seconds or 0.0)
+        yield pending
+        yield lag
+
+
+def replication_metrics(lags: dict[str, dict[str, ReplicationLag]]) -> bytes:
+    """Replication gauges per job and node, read from the records at scrape time (every replica agrees)."""
+    registry = CollectorRegistry()
+    registry.register(_Replication(lags))
+    return generate_latest(registry)

@@ -7,6 +7,8 @@ arrive, so the last-good answer reads a handful of indexed rows, never a scan.
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import (
     JSON,
     BigInteger,
@@ -21,9 +23,24 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from ckptstore.position import POSITION_LIMIT
+from ckptstore.names import attempt_sort_key
+from ckptstore.position import POSITION_LIMIT, Position
 
-__all__ = ["Base", "Job", "NodeSet", "Attempt", "Checkpoint", "PositionRow", "Health", "Stat", "END_OF_EPOCH"]
+__all__ = [
+    "Base",
+    "Job",
+    "NodeSet",
+    "Attempt",
+    "Checkpoint",
+    "PositionRow",
+    "Health",
+    "Stat",
+    "RevokedSession",
+    "EventRow",
+    "Webhook",
+    "Delivery",
+    "END_OF_EPOCH",
+]
 
 END_OF_EPOCH = POSITION_LIMIT
 
@@ -36,6 +53,11 @@ def batch_of(key: int) -> int | None:
     return None if key == END_OF_EPOCH else key
 
 
+def position_of(epoch: int | None, key: int | None) -> Position | None:
+    """The position stored as (epoch, batch_key) columns, or None where the epoch is NULL."""
+    return None if epoch is None or key is None else Position(epoch, batch_of(key))
+
+
 class Base(DeclarativeBase):
     pass
 
@@ -46,14 +68,21 @@ class Job(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(String(128), unique=True)
     storage_root: Mapped[str] = mapped_column(Text)
-    retention: Mapped[dict] = mapped_column(JSON)
+    local_root: Mapped[str | None] = mapped_column(Text, nullable=True)
+    retention: Mapped[dict[str, Any]] = mapped_column(JSON)
     nodes_version: Mapped[int] = mapped_column(Integer, default=1)
     version: Mapped[int] = mapped_column(BigInteger, default=1)  # bumped by every change to the job's records
     last_good_epoch: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    durable_epoch: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     resume_epoch: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     resume_batch_key: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     created_at: Mapped[float] = mapped_column(Float)
     updated_at: Mapped[float] = mapped_column(Float)
+
+    @property
+    def resume(self) -> Position | None:
+        """The cached resume position (the highest good position)."""
+        return position_of(self.resume_epoch, self.resume_batch_key)
 
 
 class NodeSet(Base):
@@ -63,7 +92,7 @@ class NodeSet(Base):
 
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
     version: Mapped[int] = mapped_column(Integer, primary_key=True)
-    nodes: Mapped[list] = mapped_column(JSON)
+    nodes: Mapped[list[str]] = mapped_column(JSON)
 
 
 class Attempt(Base):
@@ -74,13 +103,20 @@ class Attempt(Base):
     number: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     resumed_epoch: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     resumed_batch_key: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    skipped: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list)
     started_at: Mapped[float] = mapped_column(Float)
+    resumed_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+    @property
+    def resumed_from(self) -> Position | None:
+        """Where this attempt resumed from (None for a fresh start)."""
+        return position_of(self.resumed_epoch, self.resumed_batch_key)
 
 
 class Checkpoint(Base):
     __tablename__ = "checkpoints"
     __table_args__ = (
-        UniqueConstraint("job_id", "node", "epoch", "batch_key", "attempt", name="uq_checkpoint"),
+        UniqueConstraint("job_id", "node", "epoch", "batch_key", "attempt", "tier", name="uq_checkpoint_copy"),
         Index("ix_checkpoint_position", "job_id", "epoch", "batch_key"),
     )
 
@@ -92,14 +128,24 @@ class Checkpoint(Base):
     attempt: Mapped[str] = mapped_column(String(32))
     attempt_number: Mapped[int] = mapped_column(BigInteger)
     attempt_suffix: Mapped[str] = mapped_column(String(16), default="")
+    tier: Mapped[str] = mapped_column(String(16), default="durable")
     step: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     location: Mapped[str] = mapped_column(Text)
     bytes: Mapped[int] = mapped_column(BigInteger)
-    checksums: Mapped[dict] = mapped_column(JSON)
-    metrics: Mapped[dict] = mapped_column(JSON)
+    checksums: Mapped[dict[str, str]] = mapped_column(JSON)
+    metrics: Mapped[dict[str, float]] = mapped_column(JSON)
     state: Mapped[str] = mapped_column(String(16), default="committed")
     reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     created_at: Mapped[float] = mapped_column(Float)
+
+    @property
+    def position(self) -> Position:
+        return Position(self.epoch, batch_of(self.batch_key))
+
+    @property
+    def attempt_key(self) -> tuple[int, str]:
+        """Orders attempts as `ckptstore.names.attempt_sort_key` does (newest last)."""
+        return attempt_sort_key(self.attempt)
 
 
 class PositionRow(Base):
@@ -111,6 +157,11 @@ class PositionRow(Base):
     batch_key: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     nodes_version: Mapped[int] = mapped_column(Integer)
     good: Mapped[bool] = mapped_column(Boolean, default=False)
+    durable: Mapped[bool] = mapped_column(Boolean, default=False)
+
+    @property
+    def position(self) -> Position:
+        return Position(self.epoch, batch_of(self.batch_key))
 
 
 class Health(Base):
@@ -135,3 +186,62 @@ class Stat(Base):
     seconds: Mapped[float] = mapped_column(Float)
     bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     created_at: Mapped[float] = mapped_column(Float)
+
+
+class RevokedSession(Base):
+    """A dashboard session signed out before it expired (server/auth.py)."""
+
+    __tablename__ = "revoked_sessions"
+
+    nonce: Mapped[str] = mapped_column(String(64), primary_key=True)
+    expires_at: Mapped[float] = mapped_column(Float)
+
+
+class EventRow(Base):
+    """One change the service recorded (server/events.py), in commit order; ids never reused."""
+
+    __tablename__ = "events"
+    __table_args__ = (Index("ix_events_job", "job", "id"), {"sqlite_autoincrement": True})
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    time: Mapped[float] = mapped_column(Float)
+    type: Mapped[str] = mapped_column(String(32))
+    job: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    node: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    epoch: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    batch_key: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    data: Mapped[dict[str, Any]] = mapped_column(JSON)
+
+
+class Webhook(Base):
+    """A subscriber URL (server/webhooks.py): events after `cursor` are still to be delivered, in order;
+    one service process at a time delivers (`lease_owner` until `lease_until`)."""
+
+    __tablename__ = "webhooks"
+
+    name: Mapped[str] = mapped_column(String(128), primary_key=True)
+    url: Mapped[str] = mapped_column(Text)
+    events: Mapped[list[str]] = mapped_column(JSON)
+    job: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    secret: Mapped[str] = mapped_column(Text)
+    cursor: Mapped[int] = mapped_column(BigInteger)
+    lease_owner: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    lease_until: Mapped[float] = mapped_column(Float, default=0.0)
+    created_at: Mapped[float] = mapped_column(Float)
+    updated_at: Mapped[float] = mapped_column(Float)
+
+
+class Delivery(Base):
+    """One event's delivery to one webhook: its tries and how the last one went."""
+
+    __tablename__ = "deliveries"
+
+    webhook: Mapped[str] = mapped_column(ForeignKey("webhooks.name", ondelete="CASCADE"), primary_key=True)
+    event_id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    type: Mapped[str] = mapped_column(String(32))
+    status: Mapped[str] = mapped_column(String(16))  # pending, delivered, failed
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    last_attempt_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    next_attempt_at: Mapped[float] = mapped_column(Float)
+    delivered_at: Mapped[float | None] = mapped_column(Float, nullable=True)

@@ -8,9 +8,9 @@ more than the head itself; the cap is set well above any real head.
 
 from __future__ import annotations
 
-import json
-
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from server.errors import error_body
 
 __all__ = ["BoundedHttpToolsProtocol", "MAX_HEAD_BYTES"]
 
@@ -37,8 +37,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
                 self._refuse_head()
 
     def _refuse_head(self) -> None:
-        detail = f"the request line and headers are limited to {MAX_HEAD_BYTES} bytes"
-        body = json.dumps({"error": "too_large", "detail": detail}).encode()
+        body = error_body("too_large", f"the request line and headers are limited to {MAX_HEAD_BYTES} bytes")
         head = (
             b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
             b"content-length: %d\r\nconnection: close\r\n\r\n" % len(body)

@@ -1,64 +1,77 @@
 """The web dashboard at `/`: server-rendered pages (Jinja2, autoescaped) that refresh their content
 every few seconds without a full reload (app.js swaps in the page's fragment).
 
-With a token configured, pages need a session: the login form posts the token once and gets an
-HttpOnly, SameSite=Strict cookie holding an HMAC of it (never the token, never in a URL). The
-router-wide dependency makes every page and asset ask for it; nothing here is in the OpenAPI.
+With any token configured, pages need a session (server/auth.py): the sign-in form posts a token
+once and gets an HttpOnly, SameSite=Strict cookie (Secure over https) that holds no token and
+expires; a job token's session sees only its job. The router-wide dependency makes every page ask
+for it; nothing here is in the OpenAPI. Every page is sent with a Content-Security-Policy that
+allows only this service's own scripts and styles, and may not be framed.
 """
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import hashlib
-import hmac
 import os
+import re
+import time
 from datetime import datetime, timezone
-from http.cookies import SimpleCookie
-from typing import Annotated
+from typing import Annotated, Any
 from urllib.parse import parse_qs
 
 from fastapi import APIRouter, Depends, Query, Request
-from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import Markup
 
 from ckptstore.position import Position
-from server.dashboard import GRID_WINDOW, job_detail, jobs_overview, resumed_from
-from server.deps import DbDep, JobName, SettingsDep
+from server.auth import (
+    SESSION_COOKIE,
+    NotYourJob,
+    Viewer,
+    new_session,
+    read_session,
+    require_session,
+    revoke_session,
+    scope_of,
+    session_cookie,
+)
+from server.dashboard import GRID_WINDOW, job_detail, jobs_overview
+from server.deps import DbDep, HubDep, JobName, SettingsDep
 from server.records import find_job
-from server.settings import Settings
+from server.routes.events import event_filter, stream_response
 
-__all__ = ["router", "LoginRequired", "login_page", "SESSION_COOKIE", "session_value"]
+__all__ = ["router", "login_page"]
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SESSION_COOKIE = "ckptstore_session"
 REFRESH_SECONDS = 5
 ASSETS = {"app.css": "text/css; charset=utf-8", "app.js": "text/javascript; charset=utf-8"}
 
 
-class LoginRequired(Exception):
-    """A page was asked for without a valid session while a token is configured."""
+router = APIRouter(include_in_schema=False)
+ViewerDep = Annotated[Viewer, Depends(require_session)]
 
 
-def session_value(token: str) -> str:
-    """The cookie value for `token`: an HMAC, so the cookie never holds the token itself."""
-    return hmac.new(token.encode(), b"ckptstore dashboard session", hashlib.sha256).hexdigest()
+def _style_hash(template: str) -> str:
+    """The CSP source admitting the one inline style block of `template` (the sign-in page's: it
+    must render before a session exists, when the stylesheet is not served)."""
+    with open(os.path.join(HERE, "templates", template), encoding="utf-8") as handle:
+        match = re.search(r"<style>(.*?)</style>", handle.read(), re.S)
+    assert match is not None, f"{template} has an inline style block"
+    return "'sha256-" + base64.b64encode(hashlib.sha256(match.group(1).encode()).digest()).decode() + "'"
 
 
-def _token(settings: Settings) -> str | None:
-    return settings.token.get_secret_value() if settings.token else None
-
-
-async def _require_session(request: Request, settings: SettingsDep) -> None:
-    token = _token(settings)
-    if token is None or request.url.path == "/ui/login":
-        return
-    cookie = SimpleCookie(request.headers.get("cookie", ""))
-    supplied = cookie[SESSION_COOKIE].value if SESSION_COOKIE in cookie else ""
-    if not hmac.compare_digest(supplied.encode(), session_value(token).encode()):
-        raise LoginRequired()
-
-
-router = APIRouter(include_in_schema=False, dependencies=[Depends(_require_session)])
+SECURITY_HEADERS = {
+    "Content-Security-Policy": (
+        f"default-src 'self'; style-src 'self' {_style_hash('login.html')}; img-src 'self' data:; "
+        "frame-ancestors 'none'; form-action 'self'"
+    ),
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+}
+NO_STORE = SECURITY_HEADERS | {"Cache-Control": "no-store"}
 
 templates = Environment(
     loader=FileSystemLoader(os.path.join(HERE, "templates")),
@@ -101,82 +114,124 @@ def _human_bytes(n: float) -> str:
 templates.globals.update(when=_when, position=_position, human_bytes=_human_bytes)
 
 
-def _page(request: Request, template: str, title: str, status: int = 200, **context) -> HTMLResponse:
+def _page(
+    request: Request, viewer: Viewer, template: str, title: str, status: int = 200, **context: Any
+) -> HTMLResponse:
     """The page, or only its content when app.js asks for a refresh (`X-Fragment: 1`)."""
     content = Markup(templates.get_template(template).render(**context))
     if request.headers.get("x-fragment") == "1":
-        return HTMLResponse(content, status_code=status)
-    signed_in = _token(request.app.state.settings) is not None
+        return HTMLResponse(content, status_code=status, headers=NO_STORE)
+    signed_in = request.app.state.settings.has_tokens
+    job = request.path_params.get("job")
+    events_url = "/ui/events" + (f"?job={job}" if job else "")
     page = templates.get_template("base.html").render(
-        title=title, content=content, refresh=REFRESH_SECONDS, signed_in=signed_in
+        title=title, content=content, refresh=REFRESH_SECONDS, signed_in=signed_in, viewer=viewer, events_url=events_url
     )
-    return HTMLResponse(page, status_code=status, headers={"Cache-Control": "no-store"})
+    return HTMLResponse(page, status_code=status, headers=NO_STORE)
 
 
 def login_page(error: str | None = None) -> HTMLResponse:
     """The token form (401): it shows no job data."""
     page = templates.get_template("login.html").render(title="ckptstore — sign in", error=error)
-    return HTMLResponse(page, status_code=401, headers={"Cache-Control": "no-store"})
+    return HTMLResponse(page, status_code=401, headers=NO_STORE)
+
+
+def not_your_job_page() -> HTMLResponse:
+    """A job token's session asked for another job (403; the same answer whether that job exists or not)."""
+    page = templates.get_template("login.html").render(
+        title="ckptstore — not this job", error="This sign-in is for another job. Sign out to use another token."
+    )
+    return HTMLResponse(page, status_code=403, headers=NO_STORE)
 
 
 @router.get("/")
-async def root() -> RedirectResponse:
+async def root(viewer: ViewerDep) -> RedirectResponse:
     return RedirectResponse("/ui/", status_code=307)
 
 
 @router.get("/ui/")
-def jobs_page(request: Request, db: DbDep, settings: SettingsDep, page: Annotated[int, Query(ge=0, le=10**6)] = 0):
+def jobs_page(
+    request: Request,
+    viewer: ViewerDep,
+    db: DbDep,
+    settings: SettingsDep,
+    page: Annotated[int, Query(ge=0, le=10**6)] = 0,
+) -> HTMLResponse:
     with db.read() as session:
-        jobs, more = jobs_overview(session, page=page, stale_after=settings.health_stale_seconds)
-    return _page(request, "jobs.html", "ckptstore — jobs", jobs=jobs, page=page, more=more)
+        jobs, more = jobs_overview(session, page=page, stale_after=settings.health_stale_seconds, only=viewer.job)
+    return _page(request, viewer, "jobs.html", "ckptstore — jobs", jobs=jobs, page=page, more=more)
 
 
 @router.get("/ui/jobs/{job}")
 def job_page(
     request: Request,
+    viewer: ViewerDep,
     job: JobName,
     db: DbDep,
     settings: SettingsDep,
     page: Annotated[int, Query(ge=0, le=10**6)] = 0,
-):
+) -> HTMLResponse:
+    if not viewer.may_see(job):
+        raise NotYourJob()
     with db.read() as session:
         detail = job_detail(session, find_job(session, job), page=page, stale_after=settings.health_stale_seconds)
     return _page(
         request,
+        viewer,
         "job.html",
         f"ckptstore — {job}",
         job=detail,
         window=GRID_WINDOW,
-        resumed_from=resumed_from,
         sizes=_sparkline([float(n) for _, n in detail.sizes]),
         saves=_sparkline(detail.save_seconds),
     )
 
 
+@router.get("/ui/events")
+async def ui_events(viewer: ViewerDep, hub: HubDep, job: str | None = None) -> StreamingResponse:
+    """The event stream for the pages' live refresh (a job's session: its job only), from now on."""
+    job, _ = event_filter(job, None, viewer.job)
+    return stream_response(hub, None, job, None, named=False)
+
+
 @router.get("/ui/static/{name}")
-async def asset(name: str) -> Response:
+async def asset(viewer: ViewerDep, name: str) -> Response:
+    """The stylesheet and the refresh script."""
     if name not in ASSETS:
-        return Response("not found", status_code=404, media_type="text/plain")
+        return Response("not found", status_code=404, media_type="text/plain", headers=SECURITY_HEADERS)
     with open(os.path.join(HERE, "static", name), "rb") as handle:
-        return Response(handle.read(), media_type=ASSETS[name], headers={"Cache-Control": "no-cache"})
+        return Response(
+            handle.read(), media_type=ASSETS[name], headers=SECURITY_HEADERS | {"Cache-Control": "no-cache"}
+        )
 
 
 @router.post("/ui/login")
 async def login(request: Request, settings: SettingsDep) -> Response:
-    token = _token(settings)
-    if token is None:
+    if not settings.has_tokens:
         return RedirectResponse("/ui/", status_code=303)
     form = parse_qs((await request.body()).decode("utf-8", "replace"))
-    supplied = (form.get("token") or [""])[0]
-    if not hmac.compare_digest(supplied.encode(), token.encode()):
+    viewer = scope_of(settings, (form.get("token") or [""])[0])
+    if viewer is None:
         return login_page("That token is not valid.")
     response = RedirectResponse("/ui/", status_code=303)
-    response.set_cookie(SESSION_COOKIE, session_value(token), httponly=True, samesite="strict", path="/")
+    response.set_cookie(
+        SESSION_COOKIE,
+        new_session(settings, viewer, time.time()),
+        max_age=int(settings.session_seconds),
+        httponly=True,
+        samesite="strict",
+        secure=request.url.scheme == "https",
+        path="/",
+    )
     return response
 
 
 @router.post("/ui/logout")
-async def logout() -> Response:
+async def logout(viewer: ViewerDep, request: Request, settings: SettingsDep, db: DbDep) -> Response:
+    """Sign out: this session's cookie is refused from now on, even if someone kept a copy."""
+    session = read_session(settings, session_cookie(request), time.time())
+    if session is not None:
+        await asyncio.to_thread(revoke_session, db, session, time.time())
     response = RedirectResponse("/ui/", status_code=303)
-    response.delete_cookie(SESSION_COOKIE, path="/")
+    response.delete_cookie(SESSION_COOKIE, path="/", secure=request.url.scheme == "https", httponly=True)
     return response

@@ -37,6 +37,7 @@ class FaultProxy:
         self.lock = threading.Lock()
         self.injected: Counter[str] = Counter()
         self.requests = 0
+        self.methods: Counter[str] = Counter()
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -48,6 +49,7 @@ class FaultProxy:
             def _handle(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else b""
+                proxy.methods[self.command] += 1
                 fault = proxy._draw()
                 if fault in ("reset", "lost"):
                     if fault == "lost":
@@ -71,7 +73,9 @@ class FaultProxy:
                 for name, value in headers:
                     if name.lower() not in HOP_BY_HOP and name.lower() != "content-length":
                         self.send_header(name, value)
-                self.send_header("Content-Length", str(len(answer)))
+                # A HEAD answer has no body but tells the object's size.
+                upstream = dict((k.lower(), v) for k, v in headers).get("content-length", "0")
+                self.send_header("Content-Length", upstream if self.command == "HEAD" else str(len(answer)))
                 self.end_headers()
                 if fault == "truncate" and len(answer) > 1 and self.command != "HEAD":
                     self.wfile.write(answer[: len(answer) // 2])

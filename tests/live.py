@@ -57,15 +57,22 @@ class LiveService:
         self.thread.join(timeout=10)
 
 
-def start_service_process(tmp_path, port: int, workers: int = 1, db_url: str | None = None) -> subprocess.Popen:
-    """`python -m server` in its own process (so it can be SIGKILLed), ready to serve on `port`."""
-    env = os.environ | {
-        "CKPTSTORE_DB_URL": db_url or f"sqlite:///{tmp_path}/kill.db",
-        "CKPTSTORE_PORT": str(port),
-        "CKPTSTORE_STORAGE": f"{tmp_path}/storage",
-        "CKPTSTORE_LOG_LEVEL": "warning",
-        "CKPTSTORE_WORKERS": str(workers),
-    }
+def start_service_process(
+    tmp_path, port: int, workers: int = 1, db_url: str | None = None, **settings: str
+) -> subprocess.Popen:
+    """`python -m server` in its own process (so it can be SIGKILLed), ready to serve on `port`;
+    `settings` are further CKPTSTORE_* values (`trusted_proxies="10.0.0.1"`)."""
+    env = (
+        os.environ
+        | {f"CKPTSTORE_{name.upper()}": value for name, value in settings.items()}
+        | {
+            "CKPTSTORE_DB_URL": db_url or f"sqlite:///{tmp_path}/kill.db",
+            "CKPTSTORE_PORT": str(port),
+            "CKPTSTORE_STORAGE": f"{tmp_path}/storage",
+            "CKPTSTORE_LOG_LEVEL": "warning",
+            "CKPTSTORE_WORKERS": str(workers),
+        }
+    )
     process = subprocess.Popen([sys.executable, "-m", "server"], env=env)
 
     def ready():

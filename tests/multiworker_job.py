@@ -1,9 +1,10 @@
 """One worker of a 2-worker MultiWorkerMirroredStrategy job (run as a subprocess per worker).
 
-    python -m tests.multiworker_job INDEX PORT0,PORT1 STORAGE SERVICE JOB EPOCHS
+    python -m tests.multiworker_job INDEX PORT0,PORT1 STORAGE SERVICE JOB EPOCHS [lazy]
 
 Custom GradientTape loop with the CheckpointManager: only the chief (worker 0) writes; every worker
-restores the chief's checkpoint. Prints `RESUMED <epoch> <batch>` or `FRESH`, then `EPOCH <e>`
+restores the chief's checkpoint. With `lazy` the optimizer is left unbuilt (as the TensorFlow
+tutorials leave it) and the manager restores outside the strategy scope. Prints `RESUMED <epoch> <batch>` or `FRESH`, then `EPOCH <e>`
 after each epoch, then `DONE <sum of the model variables>`.
 """
 
@@ -21,6 +22,7 @@ index, ports, storage, service, job, epochs = (
     sys.argv[5],
     int(sys.argv[6]),
 )
+lazy = sys.argv[7:] == ["lazy"]
 os.environ["TF_CONFIG"] = json.dumps(
     {"cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]}, "task": {"type": "worker", "index": index}}
 )
@@ -36,8 +38,9 @@ strategy = tf.distribute.MultiWorkerMirroredStrategy()
 with strategy.scope():
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)])
-    optimizer = keras.optimizers.SGD(0.01)
-    optimizer.build(model.trainable_variables)
+    optimizer = keras.optimizers.SGD(0.01, momentum=0.9)
+    if not lazy:
+        optimizer.build(model.trainable_variables)
 
 manager = CheckpointManager(
     storage=storage, service=service, job=job, objects={"model": model, "optimizer": optimizer}, async_save=False

@@ -1,14 +1,22 @@
-"""Real storage servers on loopback for the tests: moto's S3 server and the GCS emulator."""
+"""Real servers on loopback for the tests: moto's S3 server, the GCS emulator and nginx."""
 
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import socket
+import subprocess
+import textwrap
+import time
 
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")  # before gcsfs is imported (FACTS.md)
 os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
 os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
 os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def free_port() -> int:
@@ -58,3 +66,68 @@ class GcsEmulator:
 
     def stop(self) -> None:
         self.server.stop()
+
+
+def nginx_location() -> str:
+    """The `location /` block of docs/operations.md ("Scaling out"): the tested config is the documented one."""
+    with open(os.path.join(ROOT, "docs", "operations.md"), encoding="utf-8") as handle:
+        block = re.search(r"```nginx\n.*?(    location / \{.*?\n    \})", handle.read(), re.S)
+    assert block, "docs/operations.md shows the nginx config with its `location /` block"
+    return block.group(1)
+
+
+class Nginx:
+    """Debian's nginx on a free loopback port, a round-robin proxy (the documented `location /`) in
+    front of `upstreams` ("127.0.0.1:port"), its files under `prefix`."""
+
+    def __init__(self, prefix: str, upstreams: list[str]):
+        binary = shutil.which("nginx") or "/usr/sbin/nginx"
+        if not os.path.exists(binary):
+            raise RuntimeError("nginx is not installed: scripts/test.sh installs Debian's nginx")
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        os.makedirs(os.path.join(prefix, "logs"), exist_ok=True)
+        servers = "\n".join(f"        server {u};" for u in upstreams)
+        config = os.path.join(prefix, "nginx.conf")
+        with open(config, "w", encoding="utf-8") as handle:
+            handle.write(
+                textwrap.dedent(
+                    f"""
+                    worker_processes 1;
+                    error_log {prefix}/logs/error.log;
+                    pid {prefix}/nginx.pid;
+                    events {{ worker_connections 1024; }}
+                    http {{
+                        access_log off;
+                        client_body_temp_path {prefix}/body;
+                        proxy_temp_path {prefix}/proxy;
+                        upstream ckptstore {{
+                    {servers}
+                            keepalive 64;
+                        }}
+                        server {{
+                            listen 127.0.0.1:{self.port};
+                    """
+                )
+                + textwrap.indent(nginx_location(), "    ")
+                + "\n    }\n}\n"
+            )
+        self.process = subprocess.Popen([binary, "-p", prefix, "-c", config, "-g", "daemon off;"])
+        deadline = time.monotonic() + 20
+        while not self._answers():
+            if time.monotonic() > deadline or self.process.poll() is not None:
+                self.stop()
+                raise RuntimeError(f"nginx did not start (see {prefix}/logs/error.log)")
+            time.sleep(0.05)
+
+    def _answers(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=1) as sock:
+                sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+                return sock.recv(12).startswith(b"HTTP/1.1 200")
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=20)

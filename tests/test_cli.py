@@ -115,7 +115,7 @@ def test_verify_catches_a_flipped_byte_and_the_service_stops_counting_it(capsys,
     code, out, _ = cli(capsys, "verify", job, "--url", url, "--json")
     assert code == 1
     bad = [r for r in json.loads(out) if not r["ok"]]
-    assert [(r["node"], r["epoch"], r["marked_corrupt"]) for r in bad] == [("n1", 3, True)]
+    assert [(r["node"], r["epoch"], r["state"], r["marked"]) for r in bad] == [("n1", 3, "corrupt", "corrupt")]
     assert bad[0]["problems"][0]["kind"] == "checksum_mismatch"
     assert cli_json(capsys, "last-good", job, "--url", url)["epoch"] == 2
 
@@ -164,7 +164,7 @@ def test_reindex_after_losing_the_database_restores_last_good_and_attempt_counte
         handle.write(b"partial")
     with ServiceClient(first.url) as client:
         before = client.last_good_epoch(job)
-        counters = {a.node: a.attempt for a in client.list_attempts(job)}
+        counters = {a.node: int(a.attempt) for a in client.list_attempts(job)}
     first.stop()
     second = LiveService(service_settings(str(tmp_path), f"sqlite:///{tmp_path}/second.db"))
     try:
@@ -178,8 +178,8 @@ def test_reindex_after_losing_the_database_restores_last_good_and_attempt_counte
             after = client.last_good_epoch(job)
             assert (after.epoch, after.resume) == (before.epoch, before.resume)
             assert after.nodes == before.nodes
-            assert client.start_attempt(job, "n1") == counters["n1"] + 1
-            assert client.start_attempt(job, "n0") == counters["n0"] + 1, "the leftover of attempt 3 counts"
+            assert client.start_attempt(job, "n1") == str(counters["n1"] + 1)
+            assert client.start_attempt(job, "n0") == str(counters["n0"] + 1), "the leftover of attempt 3 counts"
         assert cli_json(capsys, "reindex", root, "--check", "--url", second.url)[0]["counters_behind"] == {}
         _, out, _ = cli(capsys, "reindex", root, "--check", "--url", second.url)
         assert "0 difference(s)" in out

@@ -81,7 +81,7 @@ def test_service_client_maps_errors_to_typed_exceptions(sqlite_service, job_name
         forged = type(ref)(**{**ref.__dict__, "bytes": ref.bytes + 1})
         with pytest.raises(CommitConflictError):
             client.commit(forged)
-        assert client.start_attempt(job_name, "n0") == 2
+        assert client.start_attempt(job_name, "n0") == "2"
         with pytest.raises(FencedError):
             client.commit(other)
         with pytest.raises(RequestRejectedError) as rejected:

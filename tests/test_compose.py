@@ -15,9 +15,10 @@ import httpx
 import pytest
 import yaml
 
+from tests.builders import assert_bit_equal
 from tests.live import wait_for
 from tests.servers import free_port
-from tests.test_training import assert_bit_equal, baseline, final_state, job_args, run_job
+from tests.test_training import baseline, final_state, job_args, run_job
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VARIABLE = re.compile(r"\$\{(\w+)(?::-([^}]*))?\}")
@@ -41,7 +42,7 @@ def environment(service: dict, env: dict[str, str] | None = None) -> dict[str, s
 def test_compose_file_structure(compose):
     assert "version" not in compose, "the top-level version key is obsolete"
     services = compose["services"]
-    assert set(services) == {"minio", "mc", "postgres", "ckptstore"}
+    assert set(services) == {"minio", "mc", "postgres", "ckptstore", "replica-a", "replica-b", "nginx"}
     minio, mc, postgres, ckpt = (services[s] for s in ("minio", "mc", "postgres", "ckptstore"))
     for name, service in (("minio", minio), ("mc", mc)):
         image = interpolate(service["image"], {})
@@ -51,7 +52,7 @@ def test_compose_file_structure(compose):
     assert minio["healthcheck"]["test"] == ["CMD", "mc", "ready", "local"]
     assert mc["depends_on"] == {"minio": {"condition": "service_healthy"}}
     assert mc["command"][:2] == ["mb", "--ignore-existing"] and mc["restart"] == "no"
-    assert postgres["profiles"] == ["postgres"] and "pg_isready" in postgres["healthcheck"]["test"]
+    assert postgres["profiles"] == ["postgres", "scale"] and "pg_isready" in postgres["healthcheck"]["test"]
     assert ckpt["build"] == "." and os.path.isfile(os.path.join(ROOT, "Dockerfile"))
     assert ckpt["depends_on"]["minio"] == {"condition": "service_healthy"}
     assert ckpt["depends_on"]["mc"] == {"condition": "service_completed_successfully"}
@@ -60,7 +61,9 @@ def test_compose_file_structure(compose):
         for port in service.get("ports", []):
             assert port.startswith("127.0.0.1:"), f"{port} must be bound to loopback"
         for volume in service.get("volumes", []):
-            assert volume.split(":")[0] in compose["volumes"], f"{volume} uses a named volume"
+            source = volume.split(":")[0]
+            data = source in compose["volumes"]
+            assert data or (source.startswith("./") and volume.endswith(":ro")), f"{volume}: named, or read-only config"
     assert "127.0.0.1:8080:8080" in ckpt["ports"]
 
 
@@ -123,3 +126,32 @@ def test_service_started_as_compose_says_serves_a_killed_and_resumed_keras_job(c
     finally:
         process.terminate()
         process.wait(timeout=20)
+
+
+def test_scale_profile_runs_two_replicas_over_postgres_behind_the_documented_nginx(compose):
+    services = compose["services"]
+    replicas = [services["replica-a"], services["replica-b"]]
+    postgres = environment(services["postgres"])
+    for replica in replicas:
+        env = environment(replica)
+        assert replica["profiles"] == ["scale"] and not replica.get("ports"), "only nginx is published"
+        assert env["CKPTSTORE_DB_URL"] == (
+            f"postgresql+psycopg://{postgres['POSTGRES_USER']}:{postgres['POSTGRES_PASSWORD']}"
+            f"@postgres:5432/{postgres['POSTGRES_DB']}"
+        )
+        assert replica["depends_on"]["postgres"] == {"condition": "service_healthy"}
+        single = environment(services["ckptstore"])
+        assert {k: v for k, v in env.items() if k in single and k != "CKPTSTORE_DB_URL"} == {
+            k: v for k, v in single.items() if k in env and k != "CKPTSTORE_DB_URL"
+        }, "the replicas reach MinIO exactly as the single service does"
+    nginx = services["nginx"]
+    assert nginx["profiles"] == ["scale"] and nginx["ports"] == ["127.0.0.1:8081:80"]
+    source, target = nginx["volumes"][0].split(":")[:2]
+    assert target == "/etc/nginx/conf.d/default.conf"
+    with open(os.path.join(ROOT, source), encoding="utf-8") as handle:
+        shipped = handle.read()
+    assert re.findall(r"server ([\w.-]+):8080;", shipped) == ["replica-a", "replica-b"]
+    with open(os.path.join(ROOT, "docs", "operations.md"), encoding="utf-8") as handle:
+        documented = re.search(r"```nginx\n(.*?)```", handle.read(), re.S).group(1)
+    strip = lambda text: re.sub(r"server [\w.-]+:8080;\n", "", re.sub(r"^#.*\n", "", text, flags=re.M))  # noqa: E731
+    assert strip(shipped) == strip(documented), "deploy/nginx.conf is the documented config"

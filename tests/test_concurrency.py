@@ -11,17 +11,11 @@ import httpx
 import numpy as np
 
 from ckptstore import Store
-from ckptstore.layout import checkpoint_location
-from ckptstore.position import Position
-from client.operations import collect_garbage
+from client.operations import apply_retention
 from client.service import ServiceClient
+from tests.builders import commit_body
 
 JOBS, NODES, EPOCHS = 2, 4, 5
-
-
-def body(root: str, job: str, node: str, epoch: int, nbytes: int = 100) -> dict:
-    location = checkpoint_location(root, job, node, Position(epoch), "1")
-    return {"epoch": epoch, "attempt": 1, "location": location, "bytes": nbytes}
 
 
 def post_all(url: str, items: list[tuple[str, str, dict]]) -> list[tuple[int, str | None]]:
@@ -40,7 +34,9 @@ def test_32_concurrent_committers_lose_nothing_and_duplicate_nothing(service, jo
     with ServiceClient(service.live.url) as client:
         for job in jobs:
             client.put_job(job, [f"n{i}" for i in range(NODES)], storage_root=root)
-    work = [(job, f"n{n}", body(root, job, f"n{n}", e)) for job in jobs for n in range(NODES) for e in range(EPOCHS)]
+    work = [
+        (job, f"n{n}", commit_body(root, job, f"n{n}", e)) for job in jobs for n in range(NODES) for e in range(EPOCHS)
+    ]
     conflicting = [(job, node, payload | {"bytes": 999}) for job, node, payload in work[::7]]
     items = work * 3 + conflicting  # every commit posted three times, some with other content
     random.Random(5).shuffle(items)
@@ -82,7 +78,7 @@ def test_two_attempts_racing_on_one_position_newest_counts_and_gc_removes_the_lo
         assert outcomes == ["fenced", "committed"]
         assert [(r.epoch, r.attempt) for r in client.list_checkpoints(job_name)] == [(3, str(new))]
         assert [i.attempt for i in store.list_checkpoints(job_name, "n0")] == [str(old), str(new)], "both on storage"
-        removed = collect_garbage(client, job_name)
+        removed = apply_retention(client, job_name)
         assert [(r.attempt, r.reason) for r in removed] == [(str(old), "superseded")]
     assert [i.attempt for i in store.list_checkpoints(job_name, "n0")] == [str(new)]
     assert store.load(job_name, "n0", 3)["w"].tolist() == [1.0] * 8

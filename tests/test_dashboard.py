@@ -10,10 +10,11 @@ import shutil
 import httpx
 import pytest
 
-from ckptstore.layout import checkpoint_location
 from ckptstore.position import Position
 from ckptstore.report import AccessReport
+from ckptstore.schema import SkippedCopy
 from client.service import ServiceClient
+from tests.builders import commit_body
 from tests.conftest import service_settings
 from tests.live import LiveService
 
@@ -24,10 +25,11 @@ TOKEN = "dashboard-token-5f1c9a"
 HOSTILE = "<script>window.__pwned = 1</script> EndpointConnectionError"
 
 
-def commit(url: str, token: str | None, root: str, job: str, node: str, position: Position, attempt: int) -> None:
+def commit(
+    url: str, token: str | None, root: str, job: str, node: str, position: Position, attempt: int, tier: str = "durable"
+) -> None:
     """Record a commit (the dashboard reads records only: no bytes need to be on storage)."""
-    location = checkpoint_location(root, job, node, position, str(attempt))
-    body = {"epoch": position.epoch, "batch": position.batch, "attempt": attempt, "location": location, "bytes": 4096}
+    body = commit_body(root, job, node, position.epoch, position.batch, attempt, bytes=4096, tier=tier)
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     response = httpx.post(f"{url}/v1/jobs/{job}/nodes/{node}/checkpoints", json=body, headers=headers, timeout=10)
     assert response.status_code == 201, response.text
@@ -49,11 +51,32 @@ def seed(url: str, root: str, token: str | None = None) -> None:
         client.report_health("demo", "n2", AccessReport(False, None, HOSTILE))
         client.report_health("demo", "n0", AccessReport(True, 2.5, None))
         client.report_health("demo", "n1", AccessReport(True, 3.1, None))
+        seed_tiers(client, url, token, root)
         client.put_job("long", ["solo"], storage_root=root)
         attempt = client.start_attempt("long", "solo")
         for epoch in range(65):
             commit(url, token, root, "long", "solo", Position(epoch, 50), attempt)
             commit(url, token, root, "long", "solo", Position(epoch), attempt)
+
+
+LOCAL_ROOT = "/local-ssd/ckpt"
+
+
+def seed_tiers(client: ServiceClient, url: str, token: str | None, root: str) -> None:
+    """Job `tiered` (t0, t1 with a local tier): epochs 0–3 local, 0–1 replicated; t1's epoch 3 local
+    copy corrupt; a restart that skipped it."""
+    client.put_job("tiered", ["t0", "t1"], storage_root=root, local_root=LOCAL_ROOT)
+    for node in ("t0", "t1"):
+        attempt = client.start_attempt("tiered", node)
+        for epoch in range(4):
+            commit(url, token, LOCAL_ROOT, "tiered", node, Position(epoch), attempt, tier="local")
+            if epoch < 2:
+                commit(url, token, root, "tiered", node, Position(epoch), attempt, tier="durable")
+    reason = "restore: shard tensors-00000.safetensors does not match its checksum (tensors ['dense/kernel'])"
+    client.mark("tiered", "t1", Position(3), "corrupt", tier="local", reason=reason)
+    restart = client.start_attempt("tiered", "t1")
+    skipped = SkippedCopy(epoch=3, attempt="1", tier="local", state="corrupt", reason=reason)
+    client.report_resume("tiered", "t1", restart, resumed_from=Position(2), skipped=[skipped])
 
 
 @pytest.fixture(scope="module")
@@ -113,6 +136,28 @@ def test_jobs_page_then_job_page_show_the_seeded_states(browser, service):
     page.screenshot(path=os.path.join(ARTIFACTS, "job.png"), full_page=True)
     page.get_by_text("← all jobs").click()
     page.wait_for_url("**/ui/")
+    page.close()
+
+
+def test_the_job_page_shows_tiers_replication_lag_and_skipped_copies(browser, service):
+    page = browser.new_page(viewport={"width": 1300, "height": 900})
+    page.goto(service.url + "/ui/jobs/tiered")
+    assert page.locator("#durable").inner_text() == "1" and page.locator("#last-good").inner_text() == "2"
+    assert LOCAL_ROOT in page.content()
+    pending = cell(page, "t0", "3")
+    assert pending.get_attribute("data-state") == "committed" and "local-only" in pending.get_attribute("class")
+    assert "local committed" in pending.get_attribute("title")
+    replicated = cell(page, "t0", "1")
+    assert "local-only" not in replicated.get_attribute("class")
+    assert "durable committed" in replicated.get_attribute("title")
+    bad = cell(page, "t1", "3")
+    assert bad.get_attribute("data-state") == "corrupt" and "does not match" in bad.get_attribute("title")
+    lag = page.locator('table.health-table tr[data-node="t0"] td.replication')
+    assert lag.get_attribute("data-pending") == "2" and "2 pending" in lag.inner_text()
+    assert "local 3 · durable 1" in lag.inner_text()
+    history = page.locator("table.attempts td.skipped").all_inner_texts()
+    assert any("3 attempt 1 (local) — corrupt: restore: shard" in text for text in history), history
+    page.screenshot(path=os.path.join(ARTIFACTS, "tiers.png"), full_page=True)
     page.close()
 
 

@@ -107,3 +107,10 @@ def test_documented_curl_and_cli_commands_run_against_a_live_service(tmp_path, d
             assert result.returncode == 0, f"{doc}: {line}\n{result.stdout}\n{result.stderr}"
     finally:
         live.stop()
+
+
+def test_every_file_the_readme_links_exists():
+    links = re.findall(r"\]\(((?!https?://|#)[^)]+)\)", read("README.md"))
+    assert len(links) >= 15, "the README's 'Where things live' table links the files"
+    missing = [link for link in links if not os.path.exists(os.path.join(ROOT, link.split("#")[0]))]
+    assert not missing, missing

@@ -10,7 +10,7 @@ import pytest
 
 from ckptstore.errors import FencedError
 from tests.conftest import service_settings
-from tests.live import LiveService
+from tests.live import LiveService, ScratchPostgres, postgres_available
 from tests.servers import MotoS3
 
 
@@ -57,6 +57,42 @@ def test_service_down_mid_training_commits_arrive_after_it_returns(tmp_path):
             assert client.last_good_epoch(job).epoch == 5
     finally:
         state["live"].stop()
+
+
+def test_a_fit_whose_replica_dies_goes_on_through_the_other_with_every_commit_once(tmp_path):
+    """Two replicas over one PostgreSQL; the client knows both; the one it uses stops at epoch 2."""
+    from client import ServiceClient
+    from client.keras import BackupAndRestore
+
+    if not postgres_available():
+        pytest.fail("PostgreSQL is not reachable on 127.0.0.1:5432 and could not be started")
+    database = ScratchPostgres()
+    settings = service_settings(str(tmp_path), database.url)
+    replicas = [LiveService(settings), LiveService(settings)]
+    job = f"failover-{uuid.uuid4().hex[:6]}"
+    callback = BackupAndRestore(
+        storage=settings.default_storage,
+        service=[r.url for r in replicas],
+        job=job,
+        node="n0",
+        delete_checkpoint=False,
+    )
+
+    def kill_first(epoch):
+        if epoch == 2:
+            replicas[0].stop()
+
+    try:
+        fit(callback, kill_first)
+        callback.checkpointer.close()
+        with ServiceClient(replicas[1].url) as client:
+            committed = [(c.epoch, c.attempt) for c in client.list_checkpoints(job)]
+            assert committed == [(e, "1") for e in range(6)], "every save committed exactly once"
+            assert client.last_good_epoch(job).epoch == 5
+    finally:
+        for replica in replicas:
+            replica.stop()
+        database.drop()
 
 
 def test_storage_down_saves_are_skipped_training_completes_and_health_says_so(tmp_path, sqlite_service, caplog):

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from ckptstore import Position, Store
 from ckptstore.manifest import ManifestError, parse_manifest
-from ckptstore.shard import checksum, format_crc
+from ckptstore.verify import checksum, format_crc
 
 # CI runs 300; the long run in bench/RESULTS.md sets CKPTSTORE_MANIFEST_EXAMPLES=10000.
 FUZZ_EXAMPLES = int(os.environ.get("CKPTSTORE_MANIFEST_EXAMPLES", "300"))

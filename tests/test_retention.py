@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ckptstore.position import Position
-from ckptstore.retention import Candidate, RetentionPolicy, good_positions, plan_deletions, protected_from
+from ckptstore.retention import Candidate, RetentionPolicy, good_positions, plan_deletions, protected
 
 NODES = ("n0", "n1", "n2")
 NOW = 1_000_000.0
@@ -40,12 +40,29 @@ def test_keep_last_keeps_the_newest_good_positions_and_everything_from_the_last_
     assert all(nodes == set(NODES) for nodes in by_position.values()), "a position goes with every node's part"
 
 
-def test_resume_position_and_newer_mid_epoch_positions_are_protected():
+def test_the_last_good_epoch_and_the_resume_position_are_protected_and_mid_epoch_positions_count():
     candidates = committed(range(4)) + committed([4], batch=100) + committed([4], batch=50)
+    candidates += committed([4], batch=150, nodes=("n0",))  # newer than the resume position: being written
     good = good_positions(candidates, NODES)
-    assert protected_from(good) == Position(3)
+    assert protected(good) == (Position(3), Position(4, 100))
     plan = plan_deletions(candidates, good=good, policy=RetentionPolicy(keep_last=1), now=NOW)
-    assert deleted_positions(plan) == [Position(0), Position(1), Position(2)]
+    assert deleted_positions(plan) == [Position(0), Position(1), Position(2), Position(4, 50)]
+
+
+def test_saving_every_few_batches_keeps_storage_bounded():
+    candidates = []
+    for epoch in range(6):
+        for batch in (5, 10, 15, 20, 25, 30, 35, 40):
+            candidates += committed([epoch], batch=batch)
+        candidates += committed([epoch])
+    good = good_positions(candidates, NODES)
+    plan = plan_deletions(candidates, good=good, policy=RetentionPolicy(keep_last=3), now=NOW)
+    kept = sorted(good - set(deleted_positions(plan)))
+    assert kept == [Position(5, 35), Position(5, 40), Position(5)], "the 3 newest positions (the last epoch among them)"
+    mid = candidates + committed([6], batch=5) + committed([6], batch=10)
+    good = good_positions(mid, NODES)
+    plan = plan_deletions(mid, good=good, policy=RetentionPolicy(keep_last=3), now=NOW)
+    assert sorted(good - set(deleted_positions(plan))) == [Position(5), Position(6, 5), Position(6, 10)]
 
 
 def test_only_mid_epoch_good_protects_from_the_resume_position():
@@ -119,10 +136,10 @@ def test_never_deletes_the_protected_range_or_part_of_a_kept_position(entries, k
     plan = plan_deletions(
         candidates, good=good, policy=RetentionPolicy(keep_last=keep_last, keep_every=keep_every), now=NOW
     )
-    boundary = protected_from(good)
+    last_epoch, resume = protected(good)
     doomed = {d.position for d in plan}
     for d in plan:
-        assert boundary is not None and d.position < boundary
+        assert resume is not None and d.position < resume and d.position != last_epoch
     for c in candidates:
         if c.position in doomed:
             assert any(d.node == c.node and d.position == c.position for d in plan), "whole positions only"

@@ -5,34 +5,20 @@ from __future__ import annotations
 import concurrent.futures
 import itertools
 
-from ckptstore.layout import checkpoint_location
-from ckptstore.position import Position
+from tests import builders
+from tests.builders import commit_body
 
 NODES = ["n0", "n1", "n2"]
 
 
 def declare(client, service, job, nodes=NODES, **extra):
-    response = client.put(f"/v1/jobs/{job}", json={"nodes": nodes, "storage_root": service.storage, **extra})
-    assert response.status_code in (200, 201), response.text
-    return response.json()
-
-
-def commit_body(service, job, node, epoch, batch=None, attempt=1, **extra):
-    return {
-        "epoch": epoch,
-        "batch": batch,
-        "attempt": attempt,
-        "step": epoch * 10,
-        "location": checkpoint_location(service.storage, job, node, Position(epoch, batch), attempt),
-        "bytes": 100,
-        "checksums": {"tensors-00000.safetensors": "crc32c:0000abcd"},
-        **extra,
-    }
+    return builders.declare(client, service.storage, job, nodes, **extra)
 
 
 def commit(client, service, job, node, epoch, batch=None, attempt=1, expect=201, **extra):
     response = client.post(
-        f"/v1/jobs/{job}/nodes/{node}/checkpoints", json=commit_body(service, job, node, epoch, batch, attempt, **extra)
+        f"/v1/jobs/{job}/nodes/{node}/checkpoints",
+        json=commit_body(service.storage, job, node, epoch, batch, attempt, **extra),
     )
     assert response.status_code == expect, response.text
     return response.json()
@@ -67,7 +53,7 @@ def test_a_position_is_good_only_when_every_expected_node_committed(service, job
         commit(client, service, job_name, "n1", 0)
         answer = last_good(client, job_name)
         assert answer["epoch"] is None and answer["resume"] is None
-        assert answer["not_good"] == [{"epoch": 0, "batch": None, "missing": ["n2"], "corrupt": []}]
+        assert answer["not_good"] == [{"epoch": 0, "batch": None, "missing": ["n2"], "corrupt": [], "deleted": []}]
         commit(client, service, job_name, "n2", 0)
         answer = last_good(client, job_name)
         assert answer["epoch"] == 0 and answer["resume"] == {"epoch": 0, "batch": None}
@@ -88,7 +74,7 @@ def test_out_of_order_commits_and_mid_epoch_positions(service, job_name):
         commit(client, service, job_name, "n0", 3, batch=80)
         answer = last_good(client, job_name)
         assert answer["epoch"] == 2 and answer["resume"] == {"epoch": 3, "batch": 50}
-        assert answer["not_good"] == [{"epoch": 3, "batch": 80, "missing": ["n1", "n2"], "corrupt": []}]
+        assert answer["not_good"] == [{"epoch": 3, "batch": 80, "missing": ["n1", "n2"], "corrupt": [], "deleted": []}]
         assert last_good(client, job_name, max_epoch=1)["epoch"] is None, "epoch 1 never became good"
         capped = last_good(client, job_name, max_epoch=2)
         assert capped["epoch"] == 2 and capped["resume"] == {"epoch": 2, "batch": None}
@@ -106,7 +92,7 @@ def test_a_corrupt_mark_demotes_the_position(service, job_name):
         assert marked.status_code == 200 and marked.json()[0]["state"] == "corrupt"
         answer = last_good(client, job_name)
         assert answer["epoch"] == 0
-        assert answer["not_good"] == [{"epoch": 1, "batch": None, "missing": [], "corrupt": ["n1"]}]
+        assert answer["not_good"] == [{"epoch": 1, "batch": None, "missing": [], "corrupt": ["n1"], "deleted": []}]
         commit(client, service, job_name, "n1", 1, attempt=2)  # a later attempt re-saves it
         assert last_good(client, job_name)["epoch"] == 1
         listed = client.get(f"/v1/jobs/{job_name}/checkpoints", params={"state": "corrupt"}).json()
@@ -126,7 +112,7 @@ def test_changing_the_node_set_applies_to_positions_written_after(service, job_n
         commit(client, service, job_name, "n1", 2)
         assert last_good(client, job_name)["epoch"] == 2
         rejected = client.post(
-            f"/v1/jobs/{job_name}/nodes/n2/checkpoints", json=commit_body(service, job_name, "n2", 3)
+            f"/v1/jobs/{job_name}/nodes/n2/checkpoints", json=commit_body(service.storage, job_name, "n2", 3)
         )
         assert rejected.status_code == 422, "n2 is no longer an expected node"
 
@@ -135,34 +121,36 @@ def test_attempts_fencing_idempotency_and_conflicts(service, job_name):
     with service.client() as client:
         declare(client, service, job_name, nodes=["n0"])
         first = client.post(f"/v1/jobs/{job_name}/nodes/n0/attempts", json={})
-        assert first.status_code == 201 and first.json()["attempt"] == 1
+        assert first.status_code == 201 and first.json()["attempt"] == "1"
         commit(client, service, job_name, "n0", 0, attempt=1)
         commit(client, service, job_name, "n0", 0, attempt=1, expect=200)  # identical re-post
         conflict = client.post(
             f"/v1/jobs/{job_name}/nodes/n0/checkpoints",
-            json=commit_body(service, job_name, "n0", 0, attempt=1, bytes=999),
+            json=commit_body(service.storage, job_name, "n0", 0, attempt=1, bytes=999),
         )
         assert conflict.status_code == 409 and conflict.json()["error"] == "conflict"
         second = client.post(f"/v1/jobs/{job_name}/nodes/n0/attempts", json={"resumed_from": {"epoch": 0}})
-        assert second.json()["attempt"] == 2
-        fenced = client.post(f"/v1/jobs/{job_name}/nodes/n0/checkpoints", json=commit_body(service, job_name, "n0", 1))
+        assert second.json()["attempt"] == "2"
+        fenced = client.post(
+            f"/v1/jobs/{job_name}/nodes/n0/checkpoints", json=commit_body(service.storage, job_name, "n0", 1)
+        )
         assert fenced.status_code == 409 and fenced.json()["error"] == "fenced"
         commit(client, service, job_name, "n0", 1, attempt=2)
         history = client.get(f"/v1/jobs/{job_name}/attempts").json()
-        assert [(a["attempt"], a["resumed_from"]) for a in history] == [(1, None), (2, {"epoch": 0, "batch": None})]
-        foreign = commit_body(service, job_name, "n0", 2, attempt=2)
+        assert [(a["attempt"], a["resumed_from"]) for a in history] == [("1", None), ("2", {"epoch": 0, "batch": None})]
+        foreign = commit_body(service.storage, job_name, "n0", 2, attempt=2)
         foreign["location"] = foreign["location"].replace(job_name, "other-job")
         response = client.post(f"/v1/jobs/{job_name}/nodes/n0/checkpoints", json=foreign)
         assert response.status_code == 422 and response.json()["error"] == "invalid"
-        third = client.post(f"/v1/jobs/{job_name}/nodes/n0/attempts")
-        assert third.status_code == 201 and third.json()["attempt"] == 3
+        third = client.post(f"/v1/jobs/{job_name}/nodes/n0/attempts", json={})
+        assert third.status_code == 201 and third.json()["attempt"] == "3"
 
 
 def test_offline_attempts_are_numbered_past_by_the_service(service, job_name):
     with service.client() as client:
         declare(client, service, job_name, nodes=["n0"])
         commit(client, service, job_name, "n0", 0, attempt="4-1a2b3c4d")
-        assert client.post(f"/v1/jobs/{job_name}/nodes/n0/attempts").json()["attempt"] == 5
+        assert client.post(f"/v1/jobs/{job_name}/nodes/n0/attempts", json={}).json()["attempt"] == "5"
 
 
 def test_concurrent_committers_lose_nothing_and_duplicate_nothing(service, job_name):
@@ -176,7 +164,8 @@ def test_concurrent_committers_lose_nothing_and_duplicate_nothing(service, job_n
         node, epoch = item
         with service.client() as client:
             response = client.post(
-                f"/v1/jobs/{job_name}/nodes/{node}/checkpoints", json=commit_body(service, job_name, node, epoch)
+                f"/v1/jobs/{job_name}/nodes/{node}/checkpoints",
+                json=commit_body(service.storage, job_name, node, epoch),
             )
             return response.status_code
 

@@ -11,9 +11,10 @@ import httpx
 import pytest
 
 from server.settings import Settings, root_is_allowed
+from tests.builders import commit_body
 from tests.live import LiveService, start_service_process
 from tests.servers import free_port
-from tests.test_service import commit_body, declare
+from tests.test_service import declare
 
 TRAVERSAL = ["..", "%2e%2e", "%252e%252e", "a..b", ".hidden", "a%5Cb", "a%00b", "a%23b", "x" * 129, "-x", "a%20b"]
 
@@ -26,7 +27,7 @@ def test_bad_job_and_node_names_are_refused(service, job_name, bad):
             ("PUT", f"/v1/jobs/{bad}", {"nodes": ["n0"]}),
             ("GET", f"/v1/jobs/{bad}/last-good-epoch", None),
             ("POST", f"/v1/jobs/{job_name}/nodes/{bad}/attempts", {}),
-            ("POST", f"/v1/jobs/{job_name}/nodes/{bad}/checkpoints", commit_body(service, job_name, "n0", 0)),
+            ("POST", f"/v1/jobs/{job_name}/nodes/{bad}/checkpoints", commit_body(service.storage, job_name, "n0", 0)),
             ("PUT", f"/v1/jobs/{job_name}/nodes/{bad}/health", {"cp_accessible": True}),
         ]:
             response = client.request(method, path, json=body)
@@ -67,7 +68,7 @@ def test_bad_node_sets_are_refused(service, job_name, nodes):
 def test_bad_commit_bodies_are_refused_and_change_nothing(service, job_name, change):
     with service.client() as client:
         declare(client, service, job_name, nodes=["n0"])
-        body = commit_body(service, job_name, "n0", 0) | change
+        body = commit_body(service.storage, job_name, "n0", 0) | change
         response = client.post(f"/v1/jobs/{job_name}/nodes/n0/checkpoints", json=body)
         assert response.status_code == 422, response.text
         assert response.json()["error"] == "invalid"
@@ -82,7 +83,9 @@ def test_malformed_and_oversized_bodies(service, job_name):
         assert garbage.status_code == 422 and garbage.json()["error"] == "invalid"
         deep = client.post(path, content=b"[" * 5000 + b"]" * 5000, headers={"content-type": "application/json"})
         assert deep.status_code in (400, 422) and deep.json()["error"] == "invalid"
-        huge = commit_body(service, job_name, "n0", 0) | {"checksums": {f"f{i}": "x" * 60 for i in range(20_000)}}
+        huge = commit_body(service.storage, job_name, "n0", 0) | {
+            "checksums": {f"f{i}": "x" * 60 for i in range(20_000)}
+        }
         too_large = client.post(path, content=json.dumps(huge), headers={"content-type": "application/json"})
         assert too_large.status_code == 413 and too_large.json()["error"] == "too_large"
 
@@ -94,7 +97,7 @@ def test_malformed_and_oversized_bodies(service, job_name):
         ten_mb_name = client.put(f"/v1/jobs/{job_name}-2", json={"nodes": ["x" * 10_000_000]})
         assert ten_mb_name.status_code == 413 and ten_mb_name.json()["error"] == "too_large"
         for content_type in ("text/plain", "application/x-www-form-urlencoded", "application/xml"):
-            body = json.dumps(commit_body(service, job_name, "n0", 0))
+            body = json.dumps(commit_body(service.storage, job_name, "n0", 0))
             wrong = client.post(path, content=body, headers={"content-type": content_type})
             assert wrong.status_code == 422 and wrong.json()["error"] == "invalid", content_type
         assert client.get(f"/v1/jobs/{job_name}/checkpoints").json() == []
@@ -138,7 +141,9 @@ def test_unknown_routes_and_methods_answer_json_errors(service):
 @pytest.fixture(scope="module")
 def token_service(tmp_path_factory):
     tmp = str(tmp_path_factory.mktemp("auth"))
-    live = LiveService(Settings(db_url=f"sqlite:///{tmp}/db.sqlite", storage=f"{tmp}/storage", token="s3cret-canary"))
+    live = LiveService(
+        Settings(db_url=f"sqlite:///{tmp}/db.sqlite", storage=f"{tmp}/storage", token="s3cret-canary-0042")
+    )
     yield live
     live.stop()
 
@@ -153,7 +158,7 @@ def test_with_a_token_every_route_but_liveness_and_readiness_needs_it(token_serv
             assert "s3cret" not in response.text
         wrong = anonymous.get("/v1/jobs", headers={"Authorization": "Bearer s3cret-canarx"})
         assert wrong.status_code == 401
-    with token_service.client(headers={"Authorization": "Bearer s3cret-canary"}) as client:
+    with token_service.client(headers={"Authorization": "Bearer s3cret-canary-0042"}) as client:
         assert client.put("/v1/jobs/authjob", json={"nodes": ["n0"]}).status_code == 201
         assert client.get("/v1/jobs").status_code == 200
         assert "s3cret" not in client.get("/metrics").text
@@ -219,7 +224,7 @@ def test_a_commit_acknowledged_with_201_survives_kill_9(tmp_path):
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}") as client:
             assert client.put("/v1/jobs/durable", json={"nodes": ["n0"]}).status_code == 201
-            body = commit_body(type("S", (), {"storage": storage}), "durable", "n0", 0)
+            body = commit_body(storage, "durable", "n0", 0)
             assert client.post("/v1/jobs/durable/nodes/n0/checkpoints", json=body).status_code == 201
             process.send_signal(signal.SIGKILL)
             process.wait()
@@ -239,7 +244,7 @@ def test_cached_last_good_answers_stay_current_across_workers(tmp_path):
     try:
         assert httpx.put(f"http://127.0.0.1:{port}/v1/jobs/cached", json={"nodes": ["n0"]}).status_code == 201
         for epoch in range(25):
-            body = commit_body(type("S", (), {"storage": storage}), "cached", "n0", epoch)
+            body = commit_body(storage, "cached", "n0", epoch)
             assert (
                 httpx.post(f"http://127.0.0.1:{port}/v1/jobs/cached/nodes/n0/checkpoints", json=body).status_code == 201
             )

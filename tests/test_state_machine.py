@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from ckptstore import Position, Store
+from ckptstore import Position, Store, commit
 from ckptstore.errors import CorruptCheckpointError
 from ckptstore.layout import MANIFEST_NAME
 from ckptstore.retention import Candidate, RetentionPolicy, plan_deletions
@@ -48,7 +48,7 @@ class CheckpointMachine(RuleBasedStateMachine):
     @rule(writes_before_kill=st.integers(0, 6), sizes=st.lists(st.integers(1, 5000), min_size=1, max_size=4))
     def crash_mid_save(self, writes_before_kill, sizes):
         """Killed after some shard writes: nothing is cleaned up; the next process is a new attempt."""
-        original_write, original_discard = Storage.write_object, Store._discard_uncommitted
+        original_write, original_discard = Storage.write_object, commit.discard_uncommitted
         budget = {"left": writes_before_kill}
 
         def write(storage, relpath, chunks, *size):
@@ -57,7 +57,7 @@ class CheckpointMachine(RuleBasedStateMachine):
             budget["left"] -= 1
             original_write(storage, relpath, chunks, *size)
 
-        Storage.write_object, Store._discard_uncommitted = write, lambda *a: None
+        Storage.write_object, commit.discard_uncommitted = write, lambda *a: None
         try:
             arrays = {f"t{i}": np.ones(n, np.float32) for i, n in enumerate(sizes)}
             self.store.save("job", "n0", self.epoch, arrays, attempt=str(self.attempt))
@@ -66,7 +66,7 @@ class CheckpointMachine(RuleBasedStateMachine):
         except Killed:
             pass
         finally:
-            Storage.write_object, Store._discard_uncommitted = original_write, original_discard
+            Storage.write_object, commit.discard_uncommitted = original_write, original_discard
         self.attempt += 1
 
     @precondition(lambda self: self.intact)

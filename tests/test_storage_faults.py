@@ -8,24 +8,15 @@ import errno
 import random
 import uuid
 
-import numpy as np
 import pytest
 
 from ckptstore import Position, Store
 from ckptstore.errors import CkptStoreError
 from ckptstore.storage import Storage
+from tests.builders import arrays_for, bit_equal
 from tests.faults import FaultProxy
 
 pytestmark = pytest.mark.s3
-
-
-def arrays_for(epoch: int) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(epoch)
-    return {f"layer{i}": rng.standard_normal(40_000).astype(np.float32) for i in range(4)}  # ≈ 640 KB
-
-
-def bit_equal(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> bool:
-    return set(got) == set(want) and all(got[k].tobytes() == want[k].tobytes() for k in want)
 
 
 @pytest.fixture

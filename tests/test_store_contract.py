@@ -14,6 +14,7 @@ from ckptstore import (
     Store,
 )
 from ckptstore.layout import MANIFEST_NAME
+from tests.builders import assert_bit_equal
 
 
 def spread() -> dict[str, np.ndarray]:
@@ -36,14 +37,6 @@ def spread() -> dict[str, np.ndarray]:
         info = np.iinfo(dtype)
         arrays[f"int_{np.dtype(dtype).name}"] = np.array([info.min, 0, info.max], dtype=dtype)
     return arrays
-
-
-def assert_bit_equal(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> None:
-    assert set(got) == set(want)
-    for name, array in want.items():
-        assert got[name].shape == array.shape, name
-        assert got[name].dtype == array.dtype.newbyteorder("="), name
-        assert got[name].tobytes() == np.ascontiguousarray(array).astype(array.dtype.newbyteorder("=")).tobytes(), name
 
 
 @pytest.fixture

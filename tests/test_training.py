@@ -12,14 +12,18 @@ import uuid
 import numpy as np
 import pytest
 
+from ckptstore import Position
+from tests.builders import assert_bit_equal
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run_job(tmp_path, *args: str, killed: bool = False, signum: int = 9) -> str:
+def run_job(tmp_path, *args: str, killed: bool = False, signum: int = 9, backend: str = "tensorflow") -> str:
     out = tmp_path / f"final-{uuid.uuid4().hex[:6]}.npz"
     result = subprocess.run(
         [sys.executable, "-m", "tests.train_job", *args, "--out", str(out)],
         cwd=ROOT,
+        env=os.environ | {"KERAS_BACKEND": backend},
         capture_output=True,
         text=True,
         timeout=180,
@@ -28,19 +32,13 @@ def run_job(tmp_path, *args: str, killed: bool = False, signum: int = 9) -> str:
         assert result.returncode == -signum, result.stderr[-2000:]
         return result.stdout
     assert result.returncode == 0, result.stderr[-3000:]
-    return result.stdout + f"\nOUT {out}"
+    return result.stdout + "\nSTDERR " + result.stderr.replace("\n", " | ") + f"\nOUT {out}"
 
 
 def final_state(stdout: str) -> dict[str, np.ndarray]:
     path = stdout.rsplit("OUT ", 1)[1].strip()
     with np.load(path) as data:
         return {k: data[k] for k in data.files}
-
-
-def assert_bit_equal(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> None:
-    assert set(a) == set(b)
-    different = [k for k in a if a[k].tobytes() != b[k].tobytes()]
-    assert not different, f"variables differ after resume: {different}"
 
 
 CASES = {
@@ -58,10 +56,11 @@ def job_args(storage: str, job: str, *args: str, service: str | None = None) -> 
     return ["--storage", storage, *(["--service", service] if service else []), "--job", job, *args]
 
 
-def baseline(tmp_path, args: list[str]) -> dict[str, np.ndarray]:
-    key = " ".join(args)
+def baseline(tmp_path, args: list[str], backend: str = "tensorflow") -> dict[str, np.ndarray]:
+    key = " ".join([backend, *args])
     if key not in _baselines:
-        stdout = run_job(tmp_path, *job_args(str(tmp_path / "baseline"), f"base-{uuid.uuid4().hex[:8]}", *args))
+        common = job_args(str(tmp_path / "baseline"), f"base-{uuid.uuid4().hex[:8]}", *args)
+        stdout = run_job(tmp_path, *common, backend=backend)
         assert "FRESH" in stdout
         _baselines[key] = final_state(stdout)
     return _baselines[key]
@@ -76,7 +75,23 @@ def test_killed_and_resumed_training_is_bit_equal_to_uninterrupted(tmp_path, sql
     run_job(tmp_path, *common, "--kill-epoch", str(kill_epoch), "--kill-batch", str(kill_batch), killed=True)
     resumed = run_job(tmp_path, *common, "--shift-names")
     assert resumed.splitlines()[0] == expected
+    assert f"ckptstore: {common[common.index('--job') + 1]}/n0 resumed from " in resumed, "the resume is visible"
+    if expected.endswith(" 4"):
+        assert "epoch 3 (Keras' 4): its first 4 batches were trained before the restart and are skipped" in resumed
     assert_bit_equal(final_state(resumed), baseline(tmp_path, args))
+
+
+@pytest.mark.parametrize("backend", ["jax", "torch"])
+def test_keras_on_the_jax_and_pytorch_backends_resumes_mid_epoch_bit_equal(tmp_path, sqlite_service, backend):
+    args = ["--mode", "keras", "--save-freq", "4"]
+    common = job_args(
+        sqlite_service.storage, f"{backend}-{uuid.uuid4().hex[:8]}", *args, service=sqlite_service.live.url
+    )
+    run_job(tmp_path, *common, "--kill-epoch", "3", "--kill-batch", "6", killed=True, backend=backend)
+    resumed = run_job(tmp_path, *common, backend=backend)
+    assert resumed.splitlines()[0] == "RESUMED 3 4"
+    assert "its first 4 batches were trained before the restart and are skipped" in resumed
+    assert_bit_equal(final_state(resumed), baseline(tmp_path, args, backend))
 
 
 def test_resume_on_s3_without_a_service(tmp_path, moto_s3):
@@ -86,6 +101,24 @@ def test_resume_on_s3_without_a_service(tmp_path, moto_s3):
     resumed = run_job(tmp_path, *common)
     assert resumed.splitlines()[0] == "RESUMED 3 None"
     assert_bit_equal(final_state(resumed), baseline(tmp_path, args))
+
+
+def test_keras_fit_with_a_local_tier_and_s3_killed_mid_epoch_resumes_bit_equal(tmp_path, moto_s3, sqlite_service):
+    args = ["--mode", "keras", "--save-freq", "4", "--spe", "1"]
+    job = f"tiers-{uuid.uuid4().hex[:8]}"
+    common = job_args(f"s3://{moto_s3.bucket}/{job}", job, *args, service=sqlite_service.live.url)
+    common += ["--endpoint", moto_s3.endpoint_url, "--local-storage", str(tmp_path / "local")]
+    run_job(tmp_path, *common, "--kill-epoch", "3", "--kill-batch", "6", killed=True)
+    resumed = run_job(tmp_path, *common)
+    assert resumed.splitlines()[0] == "RESUMED 3 4"
+    assert_bit_equal(final_state(resumed), baseline(tmp_path, args))
+    from client import ServiceClient
+
+    with ServiceClient(sqlite_service.live.url) as client:
+        (history_killed, history_resumed) = client.list_attempts(job)
+        assert history_resumed.resumed_from.to_position() == Position(3, 4)
+        answer = client.last_good_epoch(job)
+        assert answer.epoch == answer.durable_epoch == 5, "every position replicated by the end"
 
 
 @pytest.mark.parametrize("mode", ["keras", "loop"])
@@ -98,8 +131,10 @@ def test_sigterm_takes_a_checkpoint_at_the_exact_batch_before_exit(tmp_path, sql
     assert_bit_equal(final_state(resumed), baseline(tmp_path, args))
 
 
-def test_multi_worker_only_the_chief_writes_and_both_restore_the_same_position(tmp_path, sqlite_service):
-    """Two local MultiWorkerMirroredStrategy workers (TF_CONFIG on 127.0.0.1), a custom loop."""
+@pytest.mark.parametrize("lazy", [False, True], ids=["built-optimizer", "restore-outside-the-scope"])
+def test_multi_worker_only_the_chief_writes_and_both_restore_the_same_position(tmp_path, sqlite_service, lazy):
+    """Two local MultiWorkerMirroredStrategy workers (TF_CONFIG on 127.0.0.1), a custom loop; with
+    `lazy`, an unbuilt optimizer restored outside `strategy.scope()` (issue 18: it raised there)."""
     from tests.live import wait_for
     from tests.servers import free_port
 
@@ -120,6 +155,7 @@ def test_multi_worker_only_the_chief_writes_and_both_restore_the_same_position(t
                     sqlite_service.live.url,
                     job,
                     str(epochs),
+                    *(["lazy"] if lazy else []),
                 ],
                 cwd=ROOT,
                 stdout=subprocess.PIPE,

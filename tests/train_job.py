@@ -1,6 +1,7 @@
 """A small deterministic training job for the interruption tests (run as a subprocess).
 
-    python -m tests.train_job --storage ROOT --job J --mode keras|loop [--service URL] [--save-freq epoch|N]
+    python -m tests.train_job --storage ROOT [--local-storage DIR] --job J --mode keras|loop [--service URL]
+                              [--save-freq epoch|N]
                               [--spe N] [--kill-epoch E --kill-batch B] --out FINAL.npz
 
 Dense + Dropout model, in-memory data, no shuffling, op determinism and fixed seeds: two runs give
@@ -19,14 +20,22 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+
+BACKEND = keras.backend.backend()  # KERAS_BACKEND: tensorflow (the default), jax or torch
 
 EPOCHS, SAMPLES, BATCH = 6, 96, 8  # 12 batches per epoch
 
 
 def make_model(spe: int = 1) -> keras.Model:
     keras.utils.set_random_seed(0)
-    tf.config.experimental.enable_op_determinism()
+    if BACKEND == "tensorflow":
+        import tensorflow as tf
+
+        tf.config.experimental.enable_op_determinism()
+    elif BACKEND == "torch":
+        import torch
+
+        torch.use_deterministic_algorithms(True)
     model = keras.Sequential(
         [
             keras.Input((16,)),
@@ -66,8 +75,8 @@ class KillAt(keras.callbacks.Callback):
 
 
 def final_state(model: keras.Model) -> dict[str, np.ndarray]:
-    state = {f"model/{i}": np.asarray(v) for i, v in enumerate(model.variables)}
-    state |= {f"optimizer/{i}": np.asarray(v) for i, v in enumerate(model.optimizer.variables)}
+    state = {f"model/{i}": keras.ops.convert_to_numpy(v) for i, v in enumerate(model.variables)}
+    state |= {f"optimizer/{i}": keras.ops.convert_to_numpy(v) for i, v in enumerate(model.optimizer.variables)}
     return state
 
 
@@ -78,6 +87,7 @@ def run_keras(args: argparse.Namespace) -> keras.Model:
     save_freq = "epoch" if args.save_freq == "epoch" else int(args.save_freq)
     callback = BackupAndRestore(
         storage=args.storage,
+        local_storage=args.local_storage,
         service=args.service,
         job=args.job,
         node="n0",
@@ -100,6 +110,8 @@ def run_keras(args: argparse.Namespace) -> keras.Model:
 
 
 def run_loop(args: argparse.Namespace) -> keras.Model:
+    import tensorflow as tf
+
     from client.loop import CheckpointManager
 
     model = make_model()
@@ -143,6 +155,7 @@ def run_loop(args: argparse.Namespace) -> keras.Model:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--storage", required=True)
+    parser.add_argument("--local-storage", default=None, help="a local tier replicated to --storage")
     parser.add_argument("--service", default=None)
     parser.add_argument("--job", required=True)
     parser.add_argument("--mode", choices=["keras", "loop"], default="keras")

@@ -1,27 +1,55 @@
-"""Attempts: a process start gets its number; the job's restart history."""
+"""Attempts: a process start gets its number; where it resumed (and what it skipped); the restore
+agreement; the job's restart history."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from typing import Annotated
 
-from ckptstore.schema import AttemptInfo, AttemptRequest
-from server import records
-from server.deps import DbDep, JobName, NodeName
-from server.errors import COMMON_ERRORS
+from fastapi import APIRouter, Path
+from sqlalchemy.orm import Session
+
+from ckptstore.position import POSITION_LIMIT
+from ckptstore.schema import AttemptInfo, AttemptRequest, ResumeAgreement, ResumeReport
+from server import records, restarts
+from server.deps import DbDep, JobName, NodeName, PageDep, WritesDep
+from server.errors import COMMON_ERRORS, error_responses
 
 router = APIRouter(prefix="/v1/jobs/{job}", tags=["attempts"], responses=COMMON_ERRORS)
+AttemptNumber = Annotated[int, Path(ge=1, lt=POSITION_LIMIT, description="the attempt's number")]
 
 
 @router.post("/nodes/{node}/attempts", status_code=201, response_model=AttemptInfo)
-def start_attempt(job: JobName, node: NodeName, db: DbDep, body: AttemptRequest | None = None) -> AttemptInfo:
+async def start_attempt(
+    job: JobName, node: NodeName, writes: WritesDep, body: AttemptRequest | None = None
+) -> AttemptInfo:
     """Number a new start of `node` (fencing every older attempt) and record where it resumed from."""
     resumed = body.resumed_from.to_position() if body and body.resumed_from else None
+    at_least = body.at_least if body else None
+
+    def register(session: Session) -> AttemptInfo:
+        row = records.lock_job(session, job)
+        return restarts.attempt_info(row, restarts.start_attempt(session, row, node, resumed, at_least=at_least))
+
+    return await writes.run(job, register)
+
+
+@router.put("/nodes/{node}/attempts/{attempt}", response_model=AttemptInfo, responses=error_responses(409))
+def report_resume(job: JobName, node: NodeName, attempt: AttemptNumber, body: ResumeReport, db: DbDep) -> AttemptInfo:
+    """Where this attempt resumed (its part verified there) and which copies it skipped, and why."""
     with db.write() as session:
         row = records.lock_job(session, job)
-        return records.attempt_info(row, records.start_attempt(session, row, node, resumed))
+        return restarts.attempt_info(row, restarts.report_resume(session, row, node, attempt, body))
+
+
+@router.get("/resume-agreement", response_model=ResumeAgreement)
+def resume_agreement(job: JobName, db: DbDep) -> ResumeAgreement:
+    """Whether every expected node verified its part of the resume position in this restart (and who is waited for)."""
+    with db.read() as session:
+        return restarts.resume_agreement(session, records.find_job(session, job))
 
 
 @router.get("/attempts", response_model=list[AttemptInfo])
-def list_attempts(job: JobName, db: DbDep, node: str | None = None) -> list[AttemptInfo]:
+def list_attempts(job: JobName, db: DbDep, page: PageDep, node: str | None = None) -> list[AttemptInfo]:
+    """The job's attempts in the order they started, a page at a time."""
     with db.read() as session:
-        return records.list_attempts(session, records.find_job(session, job), node=node)
+        return restarts.list_attempts(session, records.find_job(session, job), node=node, page=page)

@@ -3,16 +3,30 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
 
 from ckptstore.position import POSITION_LIMIT
-from ckptstore.schema import CheckpointRecord, CheckpointState, CommitRequest, LastGood, MarkRequest
+from ckptstore.schema import (
+    CheckpointRecord,
+    CheckpointState,
+    CommitBatch,
+    CommitOutcome,
+    CommitRequest,
+    ErrorBody,
+    LastGood,
+    MarkRequest,
+    NodeCommit,
+)
 from server import records
 from server.db import Database
-from server.deps import DbDep, JobName, NodeName
-from server.errors import COMMON_ERRORS, error_responses
+from server.deps import DbDep, JobName, NodeName, PageDep, WritesDep
+from server.errors import COMMON_ERRORS, ApiError, error_responses
+from server.last_good import last_good
 from server.metrics import METRICS
 
 router = APIRouter(prefix="/v1/jobs/{job}", tags=["checkpoints"], responses=COMMON_ERRORS | error_responses(409))
@@ -24,37 +38,70 @@ router = APIRouter(prefix="/v1/jobs/{job}", tags=["checkpoints"], responses=COMM
     response_model=CheckpointRecord,
     responses={200: {"model": CheckpointRecord, "description": "identical commit already recorded"}},
 )
-def commit(job: JobName, node: NodeName, body: CommitRequest, db: DbDep, response: Response) -> CheckpointRecord:
+async def commit(
+    job: JobName, node: NodeName, body: CommitRequest, writes: WritesDep, response: Response
+) -> CheckpointRecord:
     """Record a committed checkpoint. Identical re-posts answer 200; other content 409 conflict; an
     attempt older than the node's newest 409 fenced; a location not built from the key parts 422."""
-    with db.write() as session:
-        record, created = records.commit_checkpoint(session, records.lock_job(session, job), node, body)
+    record, created = await writes.run(
+        job, lambda session: records.commit_checkpoint(session, records.lock_job(session, job), node, body)
+    )
     response.status_code = 201 if created else 200
     METRICS.commits.labels("created" if created else "repeated").inc()
     return record
+
+
+@router.post("/checkpoints/batch", response_model=list[CommitOutcome])
+async def commit_batch(job: JobName, body: CommitBatch, writes: WritesDep) -> list[CommitOutcome]:
+    """Record several commits of the job, in order, in one group transaction: each gets the answer it
+    would have had alone (201, 200, 409, 404 or 422 in `status`); the request fails only as a whole
+    (503) when nothing could be recorded."""
+
+    def recorder(commit: NodeCommit) -> Callable[[Session], tuple[CheckpointRecord, bool]]:
+        request = CommitRequest.model_validate(commit.model_dump(exclude={"node"}))
+        return lambda session: records.commit_checkpoint(session, records.lock_job(session, job), commit.node, request)
+
+    futures = [asyncio.wrap_future(writes.submit(job, recorder(commit))) for commit in body.commits]
+    return [_outcome(answer) for answer in await asyncio.gather(*futures, return_exceptions=True)]
+
+
+def _outcome(answer: tuple[CheckpointRecord, bool] | BaseException) -> CommitOutcome:
+    if isinstance(answer, ApiError):
+        return CommitOutcome(
+            status=answer.status, error=ErrorBody.model_validate({"error": answer.code, "detail": answer.detail})
+        )
+    if isinstance(answer, IntegrityError):
+        detail = "a concurrent request changed the same record; retry"
+        return CommitOutcome(status=409, error=ErrorBody(error="conflict", detail=detail))
+    if isinstance(answer, BaseException):
+        raise answer  # the batch failed as a whole (the database away: 503)
+    record, created = answer
+    METRICS.commits.labels("created" if created else "repeated").inc()
+    return CommitOutcome(status=201 if created else 200, record=record)
 
 
 @router.get("/checkpoints", response_model=list[CheckpointRecord])
 def list_checkpoints(
     job: JobName,
     db: DbDep,
+    page: PageDep,
     node: str | None = None,
     epoch: Annotated[int | None, Query(ge=0, lt=POSITION_LIMIT)] = None,
     state: CheckpointState | None = None,
-    limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
-    offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
 ) -> list[CheckpointRecord]:
+    """The job's records in (epoch, batch, node, attempt) order, a page at a time."""
     with db.read() as session:
         return records.list_checkpoints(
-            session, records.find_job(session, job), node=node, epoch=epoch, state=state, limit=limit, offset=offset
+            session, records.find_job(session, job), node=node, epoch=epoch, state=state, page=page
         )
 
 
 @router.post("/nodes/{node}/checkpoints/mark", response_model=list[CheckpointRecord])
-def mark(job: JobName, node: NodeName, body: MarkRequest, db: DbDep) -> list[CheckpointRecord]:
-    """Mark a node's checkpoint corrupt or deleted; its position stops counting as good."""
-    with db.write() as session:
-        return records.mark_checkpoint(session, records.lock_job(session, job), node, body)
+async def mark(job: JobName, node: NodeName, body: MarkRequest, writes: WritesDep) -> list[CheckpointRecord]:
+    """Mark a node's copy corrupt, missing or deleted; the judge re-decides its position."""
+    return await writes.run(
+        job, lambda session: records.mark_checkpoint(session, records.lock_job(session, job), node, body)
+    )
 
 
 @router.get("/last-good-epoch", response_model=LastGood)
@@ -74,4 +121,4 @@ async def last_good_epoch(
 def _compute_last_good(db: Database, job: str, max_epoch: int | None) -> tuple[int, bytes]:
     with db.read() as session:
         row = records.find_job(session, job)
-        return row.version, records.last_good(session, row, max_epoch=max_epoch).model_dump_json().encode()
+        return row.version, last_good(session, row, max_epoch=max_epoch).model_dump_json().encode()

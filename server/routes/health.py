@@ -5,35 +5,39 @@ from __future__ import annotations
 import asyncio
 
 from fastapi import APIRouter
+from sqlalchemy.orm import Session
 
 from ckptstore import Store
+from ckptstore.errors import StorageUnavailableError
 from ckptstore.schema import HealthReport, JobHealth, NodeHealth, ProbeResult
 from server import records, telemetry
-from server.deps import DbDep, JobName, NodeName, SettingsDep
+from server.deps import DbDep, JobName, NodeName, SettingsDep, WritesDep
 from server.errors import COMMON_ERRORS
+from server.last_good import expected_nodes
 
 router = APIRouter(prefix="/v1/jobs/{job}", tags=["health"], responses=COMMON_ERRORS)
 PROBE_TIMEOUT_S = 10.0
 
 
 @router.put("/nodes/{node}/health", response_model=NodeHealth)
-def report_health(job: JobName, node: NodeName, body: HealthReport, db: DbDep, settings: SettingsDep) -> NodeHealth:
-    with db.write() as session:
+async def report_health(
+    job: JobName, node: NodeName, body: HealthReport, writes: WritesDep, settings: SettingsDep
+) -> NodeHealth:
+    def report(session: Session) -> NodeHealth:
         row = records.find_job(session, job)
+        records.require_node(session, row, node)
         return telemetry.report_health(session, row, node, body, stale_after=settings.health_stale_seconds)
+
+    return await writes.run(job, report)
 
 
 def _probe(root: str) -> ProbeResult:
+    """The service's own cp_accessible probe of a storage root (its credentials, its network)."""
     try:
         report = Store(root).accessible(timeout=PROBE_TIMEOUT_S)
-    except Exception as exc:  # e.g. an fsspec protocol whose package is missing, or no credentials
-        return ProbeResult(
-            cp_accessible=False, latency_ms=None, error=f"cannot open storage: {type(exc).__name__}: {exc}"
-        )
-    error = report.error
-    if error and ("credential" in error.lower() or "NoCredentials" in error):
-        error = f"the service has no credentials for this storage: {error}"
-    return ProbeResult(cp_accessible=report.ok, latency_ms=report.latency_ms, error=error)
+    except (StorageUnavailableError, ValueError) as exc:  # no backend package, or a URL fsspec cannot open
+        return ProbeResult(cp_accessible=False, latency_ms=None, error=f"cannot open storage: {exc}")
+    return ProbeResult(cp_accessible=report.ok, latency_ms=report.latency_ms, error=report.error)
 
 
 @router.get("/health", response_model=JobHealth)
@@ -43,7 +47,7 @@ async def job_health(job: JobName, db: DbDep, settings: SettingsDep, probe: bool
     def read() -> tuple[str, list[NodeHealth]]:
         with db.read() as session:
             row = records.find_job(session, job)
-            nodes = records.expected_nodes(session, row)
+            nodes = expected_nodes(session, row)
             return row.storage_root, telemetry.job_health(
                 session, row, nodes, stale_after=settings.health_stale_seconds
             )

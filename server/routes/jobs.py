@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated
-
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Response
 from sqlalchemy import select
 
 from ckptstore.schema import JobInfo, JobSpec
 from server import records
-from server.deps import DbDep, JobName, SettingsDep
+from server.deps import DbDep, JobName, PageDep, SettingsDep
 from server.errors import COMMON_ERRORS, error_responses
 from server.models import Job
 
@@ -28,11 +26,10 @@ def put_job(job: JobName, spec: JobSpec, db: DbDep, settings: SettingsDep, respo
 
 
 @router.get("", response_model=list[JobInfo])
-def list_jobs(
-    db: DbDep, limit: Annotated[int, Query(ge=1, le=1000)] = 100, offset: Annotated[int, Query(ge=0, le=10**9)] = 0
-) -> list[JobInfo]:
+def list_jobs(db: DbDep, page: PageDep) -> list[JobInfo]:
+    """Jobs by name, a page at a time."""
     with db.read() as session:
-        rows = session.scalars(select(Job).order_by(Job.name).limit(limit).offset(offset))
+        rows = session.scalars(select(Job).order_by(Job.name).limit(page.limit).offset(page.offset))
         return [records.job_info(session, row) for row in rows]
 
 

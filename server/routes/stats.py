@@ -3,19 +3,24 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Response
+from sqlalchemy.orm import Session
 
 from ckptstore.schema import StatsReport, StatsSummary
 from server import records, telemetry
-from server.deps import DbDep, JobName
+from server.deps import DbDep, JobName, WritesDep
 from server.errors import COMMON_ERRORS
 
 router = APIRouter(prefix="/v1/jobs/{job}", tags=["stats"], responses=COMMON_ERRORS)
 
 
 @router.post("/stats", status_code=204)
-def add_stats(job: JobName, body: StatsReport, db: DbDep) -> Response:
-    with db.write() as session:
-        telemetry.add_stat(session, records.find_job(session, job), body)
+async def add_stats(job: JobName, body: StatsReport, writes: WritesDep) -> Response:
+    def add(session: Session) -> None:
+        row = records.find_job(session, job)
+        records.require_node(session, row, body.node)
+        telemetry.add_stat(session, row, body)
+
+    await writes.run(job, add)
     return Response(status_code=204)
 
 

@@ -1,0 +1,168 @@
+"""What event subscribers cost the service, and how fast an event reaches them.
+
+    python bench/events.py [--db sqlite postgres] [--subscribers 200] [--duration 10] [--out FILE]
+
+For each database: `python -m server` (1 worker) on a database filled with 1,000 jobs × 8 nodes ×
+10 epochs; wrk measures commit throughput (64 connections, POST commits of new positions) and the
+cached last-good throughput (32 connections) with no subscriber, then again with --subscribers SSE
+streams attached (held by a separate process, reading every event); the ratios compare the two in
+the same run. Then one subscriber of one job and a writer committing one position at a time
+measure commit-to-event latency: from sending the commit to the `checkpoint.committed` event
+arriving on the stream (p50, p99 over 300 commits). Needs wrk (Debian: apt-get install wrk).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench.service import make_database, populate, run_wrk, running_service, warm_up  # noqa: E402
+from server.migrate import migrate  # noqa: E402
+
+SUBSCRIBERS = r"""
+import asyncio, sys
+port, count = int(sys.argv[1]), int(sys.argv[2])
+received = 0
+async def subscriber(i):
+    global received
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"GET /v1/events HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    while True:
+        line = await reader.readline()
+        if not line:
+            return
+        received += line.startswith(b"data:")
+async def main():
+    tasks = [asyncio.create_task(subscriber(i)) for i in range(count)]
+    await asyncio.sleep(0.5)
+    print("READY", flush=True)
+    while True:
+        await asyncio.sleep(1)
+        print("RECEIVED", received, flush=True)
+asyncio.run(main())
+"""
+
+
+def throughput(port: int, root: str, duration: int, salt: int) -> dict:
+    commits = run_wrk(port, "commit", duration, 1000, 8, root, salt=salt, connections=64)
+    last_good = run_wrk(port, "last_good", duration, 1000, 8, root, salt=salt + 1)
+    return {
+        "commit_rps": commits["rps"],
+        "commit_p99_ms": commits["p99_ms"],
+        "last_good_rps": last_good["rps"],
+        "errors": commits["errors"] + last_good["errors"] + commits["status_errors"] + last_good["status_errors"],
+    }
+
+
+async def commit_to_event(port: int, root: str, commits: int = 300) -> dict:
+    """One stream of one job; commit positions one at a time; time until each commit's event arrives."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"GET /v1/events?job=job-00007&types=checkpoint.committed HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    await reader.readuntil(b"\r\n\r\n")
+    post_reader, post_writer = await asyncio.open_connection("127.0.0.1", port)
+    latencies = []
+    for i in range(commits):
+        epoch = 5_000_000 + i
+        body = json.dumps(
+            {
+                "epoch": epoch,
+                "attempt": 1,
+                "location": f"{root}/job-00007/n0/{epoch:010d}/1",
+                "bytes": 1,
+                "checksums": {},
+            }
+        ).encode()
+        started = time.perf_counter()
+        post_writer.write(
+            b"POST /v1/jobs/job-00007/nodes/n0/checkpoints HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        header = await post_reader.readuntil(b"\r\n\r\n")
+        await post_reader.readexactly(int(re.search(rb"content-length: (\d+)", header, re.I).group(1)))
+        while True:
+            line = await reader.readline()
+            if line.startswith(b"data:") and f'"epoch":{epoch}'.encode() in line:
+                break
+        latencies.append(time.perf_counter() - started)
+    writer.close()
+    post_writer.close()
+    latencies.sort()
+    return {
+        "p50_ms": statistics.median(latencies) * 1000,
+        "p99_ms": latencies[int(len(latencies) * 0.99) - 1] * 1000,
+        "commits": commits,
+    }
+
+
+def measure(kind: str, subscribers: int, duration: int) -> dict:
+    tmp = tempfile.mkdtemp(prefix="ckptstore-events-")
+    root = f"{tmp}/storage"
+    url, drop = make_database(kind, tmp)
+    try:
+        migrate(url)
+        populate(url, 1000, 8, 10, root)
+        with running_service(url, 1, root) as (port, _):
+            asyncio.run(warm_up(port, 1000))
+            alone = throughput(port, root, duration, salt=1)
+            crowd = subprocess.Popen(
+                [sys.executable, "-c", SUBSCRIBERS, str(port), str(subscribers)], stdout=subprocess.PIPE, text=True
+            )
+            try:
+                assert crowd.stdout is not None and crowd.stdout.readline().startswith("READY")
+                asyncio.run(warm_up(port, 1000))
+                watched = throughput(port, root, duration, salt=3)
+                received = 0
+                for line in crowd.stdout:
+                    if line.startswith("RECEIVED"):
+                        received = int(line.split()[1])
+                        break
+            finally:
+                crowd.terminate()
+                crowd.wait()
+            latency = asyncio.run(commit_to_event(port, root))
+        return {
+            "without_subscribers": alone,
+            f"with_{subscribers}_subscribers": watched,
+            "events_received_by_subscribers": received,
+            "commit_ratio": watched["commit_rps"] / alone["commit_rps"],
+            "last_good_ratio": watched["last_good_rps"] / alone["last_good_rps"],
+            "commit_to_event": latency,
+        }
+    finally:
+        drop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--db", nargs="+", default=["sqlite", "postgres"], choices=["sqlite", "postgres"])
+    parser.add_argument("--subscribers", type=int, default=200)
+    parser.add_argument("--duration", type=int, default=10)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    results: dict = {
+        "command": " ".join(["python", "bench/events.py", *sys.argv[1:]]),
+        "machine": f"{platform.platform()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+    }
+    for kind in args.db:
+        results[kind] = measure(kind, args.subscribers, args.duration)
+        print(kind, json.dumps(results[kind]), flush=True)
+    if args.out:
+        with open(args.out, "w") as handle:
+            json.dump(results, handle, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,97 @@
+"""Copies across tiers: find the nearest intact copy of one node's checkpoint at a position.
+
+A copy is one committed attempt of one node's checkpoint at one position on one tier. Tiers are
+named, nearest first (`local`, then `durable`). Invariant: `read_nearest_intact` returns a
+checkpoint only after every byte of it verified; each copy it passes over is reported (`Skipped`:
+`corrupt` or `missing`, with the reason) so the caller can mark it and no later restart trips on
+it. A storage outage is not a verdict on a copy: it propagates as StorageUnavailableError.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from ckptstore.errors import CheckpointNotFoundError, CorruptCheckpointError
+from ckptstore.names import TIERS, Tier
+from ckptstore.position import Position
+from ckptstore.report import LoadedCheckpoint
+from ckptstore.store import Store
+
+__all__ = ["TIERS", "Tier", "Copy", "Skipped", "Restored", "NoIntactCopyError", "read_nearest_intact"]
+
+
+@dataclass(frozen=True)
+class Copy:
+    """One attempt of one node's checkpoint at one position on one tier."""
+
+    tier: Tier
+    node: str
+    position: Position
+    attempt: str
+    location: str
+
+    def __str__(self) -> str:
+        return f"{self.node} {self.position} attempt {self.attempt} ({self.tier})"
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A copy restore passed over, and why: `corrupt` (its bytes or manifest do not verify) or
+    `missing` (its files, or the whole copy, are gone)."""
+
+    copy: Copy
+    state: Literal["corrupt", "missing"]
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.copy} {self.state}: {self.reason}"
+
+
+@dataclass(frozen=True)
+class Restored:
+    """The copy restore read (verified), and the copies it skipped on the way."""
+
+    copy: Copy
+    checkpoint: LoadedCheckpoint
+    skipped: tuple[Skipped, ...] = ()
+
+
+class NoIntactCopyError(CheckpointNotFoundError):
+    """No copy of a node's checkpoint at a position verified; `skipped` names each one tried and why."""
+
+    def __init__(self, message: str, skipped: tuple[Skipped, ...]):
+        details = "; ".join(str(s) for s in skipped) or "no committed copy on any tier"
+        super().__init__(f"{message}: {details}")
+        self.skipped = skipped
+
+
+def read_nearest_intact(tiers: Mapping[Tier, Store], job: str, node: str, position: Position) -> Restored:
+    """The nearest intact copy of `node`'s checkpoint at `position`: tiers in `TIERS` order, newest
+    attempt first within a tier, every byte verified before it is returned.
+
+    Raises NoIntactCopyError (a CheckpointNotFoundError) naming every copy tried when none verifies.
+    """
+    skipped: list[Skipped] = []
+    for tier in TIERS:
+        store = tiers.get(tier)
+        if store is None:
+            continue
+        for attempt in reversed(store.attempts(job, node, position.epoch, batch=position.batch)):
+            copy = Copy(
+                tier,
+                node,
+                position,
+                attempt,
+                store.location(job, node, position.epoch, attempt=attempt, batch=position.batch),
+            )
+            try:
+                loaded = store.read_attempt(job, node, position.epoch, attempt=attempt, batch=position.batch)
+            except CorruptCheckpointError as exc:
+                skipped.append(Skipped(copy, "missing" if exc.missing else "corrupt", str(exc)))
+                continue
+            except CheckpointNotFoundError:
+                continue  # an uncommitted leftover, not a copy
+            return Restored(copy, loaded, tuple(skipped))
+    raise NoIntactCopyError(f"no intact copy of {job}/{node} at {position}", tuple(skipped))

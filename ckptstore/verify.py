@@ -1,0 +1,185 @@
+"""Verification: CRC32C helpers, the problems a checkpoint's bytes can have, and verified reads.
+
+Invariant: `read_verified` returns arrays only after every byte it read matched the manifest
+(whole shards: size and shard CRC32C; partial reads: each tensor's size and CRC32C). A copy whose
+bytes are missing or damaged raises `CorruptCheckpointError` naming the file and the problem; a
+storage outage raises `StorageUnavailableError` — never "corrupt", since the copy may be intact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import crc32c
+import numpy as np
+
+from ckptstore.errors import CheckpointNotFoundError, CorruptCheckpointError
+from ckptstore.shard import numpy_dtype
+from ckptstore.storage import Buffer, Storage
+
+if TYPE_CHECKING:  # types only: the manifest module needs `checksum` from here at run time
+    from ckptstore.manifest import Manifest, ShardRecord, TensorRecord
+
+__all__ = ["checksum", "format_crc", "Problem", "shard_problem", "scan_shards", "read_verified"]
+
+
+def checksum(data: Buffer | memoryview, value: int = 0) -> int:
+    """CRC32C of any buffer (bytes, memoryview, contiguous ndarray), continuing from `value`."""
+    return int(crc32c.crc32c(byte_view(data), value))
+
+
+def byte_view(data: Buffer | memoryview) -> memoryview:
+    """A flat byte view of a buffer, without a copy."""
+    view = data.data if isinstance(data, np.ndarray) else memoryview(data)
+    return view.cast("B") if view.format != "B" or view.ndim != 1 else view
+
+
+def format_crc(value: int) -> str:
+    return f"{value:08x}"
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One defect found by verification. `kind` is one of `Problem.KINDS`."""
+
+    KINDS = ("unreadable_manifest", "missing_shard", "short_shard", "size_mismatch", "checksum_mismatch")
+
+    kind: str
+    file: str
+    detail: str
+
+    @property
+    def state(self) -> str:
+        """The copy state this problem means: `missing` when its bytes are gone, else `corrupt`."""
+        return "missing" if self.kind == "missing_shard" else "corrupt"
+
+
+def shard_problem(shard: ShardRecord, blob: Buffer, manifest: Manifest) -> Problem | None:
+    """The first problem with a whole shard's bytes, naming the damaged tensors if any."""
+    if len(blob) < shard.bytes:
+        return Problem("short_shard", shard.file, f"shard {shard.file} has {len(blob)} of {shard.bytes} bytes")
+    if len(blob) > shard.bytes:
+        return Problem("size_mismatch", shard.file, f"shard {shard.file} has {len(blob)} bytes, expected {shard.bytes}")
+    if format_crc(checksum(blob)) == shard.crc32c:
+        return None
+    view = byte_view(blob)
+    damaged = [
+        t.name
+        for t in manifest.tensors
+        if manifest.shards[t.shard] is shard and format_crc(checksum(view[t.begin : t.end])) != t.crc32c
+    ]
+    where = f"tensors {damaged[:5]}" if damaged else "its header"
+    return Problem("checksum_mismatch", shard.file, f"shard {shard.file} does not match its checksum ({where})")
+
+
+class _Defect(CorruptCheckpointError):
+    """A shard check failed inside a reading thread; carries the problem back."""
+
+    def __init__(self, problem: Problem):
+        super().__init__(problem.detail, file=problem.file)
+        self.problem = problem
+
+
+def scan_shards(
+    storage: Storage, key: str, manifest: Manifest, *, concurrency: int, keep: bool = False
+) -> tuple[list[Problem], dict[str, Buffer], int]:
+    """Read every shard of the checkpoint at `key` and check it, overlapping checks with I/O.
+
+    Returns (problems, the shards' bytes by file name when `keep` and none failed, bytes read).
+    Raises StorageUnavailableError when storage cannot be read now.
+    """
+    shards = {f"{key}/{shard.file}": shard for shard in manifest.shards}
+
+    def check(relpath: str, blob: Buffer) -> Buffer:
+        problem = shard_problem(shards[relpath], blob, manifest)
+        if problem is not None:
+            raise _Defect(problem)
+        return blob if keep else b""
+
+    results = storage.read_objects(list(shards), concurrency=concurrency, check=check)
+    problems: list[Problem] = []
+    blobs: dict[str, Buffer] = {}
+    read = 0
+    for relpath, shard in shards.items():
+        result = results[relpath]
+        if isinstance(result, FileNotFoundError):
+            problems.append(Problem("missing_shard", shard.file, f"shard {shard.file} is missing"))
+        elif isinstance(result, _Defect):
+            problems.append(result.problem)
+        elif isinstance(result, Exception):
+            raise result
+        else:
+            read += shard.bytes
+            blobs[shard.file] = result
+    return problems, (blobs if keep and not problems else {}), read
+
+
+def read_verified(
+    storage: Storage,
+    key: str,
+    manifest: Manifest,
+    *,
+    location: str,
+    names: Sequence[str] | None = None,
+    concurrency: int,
+) -> dict[str, np.ndarray]:
+    """The checkpoint's tensors (all, or only `names` by byte range), each verified before it is returned."""
+    if names is not None:
+        return _read_named(storage, key, manifest, location, names)
+    problems, blobs, _ = scan_shards(storage, key, manifest, concurrency=concurrency, keep=True)
+    if problems:
+        first = problems[0]
+        raise CorruptCheckpointError(
+            f"{first.detail} in {location}", location=location, file=first.file, missing=first.state == "missing"
+        )
+    buffers = [blobs[shard.file] for shard in manifest.shards]
+    return {t.name: as_array(buffers[t.shard], t, t.begin) for t in manifest.tensors}
+
+
+def _read_named(
+    storage: Storage, key: str, manifest: Manifest, location: str, names: Sequence[str]
+) -> dict[str, np.ndarray]:
+    wanted = []
+    for name in names:
+        record = manifest.tensor(name)
+        if record is None:
+            raise CheckpointNotFoundError(f"tensor {name!r} is not in {location}")
+        wanted.append(record)
+    files = [manifest.shards[t.shard].file for t in wanted]
+    # Empty tensors need no read (an empty range request returns the whole object on S3).
+    ranged = [i for i, t in enumerate(wanted) if t.nbytes]
+    parts: list[bytes] = [b""] * len(wanted)
+    try:
+        fetched = storage.read_ranges(
+            [f"{key}/{files[i]}" for i in ranged],
+            [wanted[i].begin for i in ranged],
+            [wanted[i].end for i in ranged],
+        )
+    except FileNotFoundError as exc:
+        raise CorruptCheckpointError(
+            f"a shard of {location} is missing: {exc}", location=location, missing=True
+        ) from exc
+    for i, part in zip(ranged, fetched):
+        parts[i] = part
+    arrays = {}
+    for record, file, part in zip(wanted, files, parts):
+        if len(part) != record.nbytes or format_crc(checksum(part)) != record.crc32c:
+            raise CorruptCheckpointError(
+                f"tensor {record.name!r} in {file} of {location} does not match its checksum",
+                location=location,
+                file=file,
+            )
+        arrays[record.name] = as_array(part, record, 0)
+    return arrays
+
+
+def as_array(buffer: Buffer, record: TensorRecord, offset: int) -> np.ndarray:
+    """A read-only little-endian view of one tensor inside a verified buffer."""
+    dtype = numpy_dtype(record.dtype)
+    count = record.nbytes // dtype.itemsize
+    array = np.frombuffer(buffer, dtype=np.uint8, count=record.nbytes, offset=offset).view(dtype)
+    array = array[:count].reshape(record.shape)
+    array.flags.writeable = False
+    return array

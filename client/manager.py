@@ -1,0 +1,119 @@
+"""What the loop managers share — TensorFlow's (client/loop.py) and PyTorch's (client/torch/):
+start and restore through the node checkpointer, save at (epoch, batch), checkpoint on SIGTERM,
+wait and close. A framework manager says only how its objects become named host arrays
+(`_capture`) and how arrays go back into them (`_apply`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ckptstore import Position
+from client.identity import NodeIdentity
+from client.node import NodeCheckpointer
+from client.options import CheckpointOptions
+from client.preemption import PreemptionNotice
+
+__all__ = ["LoopManager"]
+
+
+class LoopManager:
+    """Save and restore a training loop's state every epoch (or batch), through ckptstore.
+
+    Options are `CheckpointOptions`' (storage, service, job, node, max_to_keep, async_save,
+    on_error, strict, …), each defaulting to its CKPTSTORE_* variable where it has one.
+    """
+
+    def __init__(
+        self, *, options: CheckpointOptions | None = None, identity: NodeIdentity | None = None, **settings: Any
+    ):
+        self.options = options if options is not None else CheckpointOptions.resolve(**settings)
+        self.checkpointer = NodeCheckpointer(self.options, identity=identity)
+        self.resume_position: Position | None = None
+        self.preemption = PreemptionNotice(self.options.preemption_budget_s)
+
+    # -- what a framework manager provides ------------------------------------------------------
+
+    def _capture(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """The state as named host arrays (a snapshot the save may write later) and the manifest
+        metadata that describes them."""
+        raise NotImplementedError
+
+    def _apply(self, arrays: Mapping[str, np.ndarray], metadata: Mapping[str, Any]) -> None:
+        """Put a verified checkpoint's arrays back into the state."""
+        raise NotImplementedError
+
+    def _started(self) -> None:
+        """Called once the start is over (restored or fresh)."""
+
+    # -- the loop's calls ------------------------------------------------------------------------
+
+    def restore_or_initialize(self) -> int:
+        """Restore the last good position (if any) and return the next epoch to run (0 on a fresh job).
+
+        After a mid-epoch position, `resume_position.batch` batches of that epoch are already trained
+        (`first_batch(epoch)` says where to start).
+        """
+        self.preemption.install()
+        self.resume_position = self.checkpointer.start()
+        restored = self.checkpointer.restored
+        self.checkpointer.restored = None  # the arrays are applied below; their buffers can go afterwards
+        if restored is not None:
+            self._apply(restored.checkpoint.arrays, restored.checkpoint.manifest.metadata)
+        self._started()
+        position = self.resume_position
+        if position is None:
+            return 0
+        return position.epoch + 1 if position.is_end_of_epoch else position.epoch
+
+    def first_batch(self, epoch: int) -> int:
+        """How many batches of `epoch` the restored state has already trained (0 unless resumed mid-epoch)."""
+        position = self.resume_position
+        if position is None or position.is_end_of_epoch or position.epoch != epoch:
+            return 0
+        return position.batch or 0
+
+    def save(
+        self,
+        epoch: int,
+        *,
+        batch: int | None = None,
+        step: int | None = None,
+        metrics: Mapping[str, float] | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Checkpoint the state at (epoch, batch: batches of `epoch` trained; None: the epoch is over);
+        returns once the state is copied to host memory (async saves) or committed."""
+        if not self.checkpointer.writes:
+            return
+        self.checkpointer.wait_for_write()  # the staging buffers are free once the previous write is done
+        arrays, described = self._capture()
+        self.checkpointer.save(
+            Position(epoch, batch), arrays, step=step, metrics=metrics, metadata={**described, **(metadata or {})}
+        )
+
+    def checkpoint_if_preempted(self, epoch: int, batch: int) -> None:
+        """Call between batches: after a SIGTERM, save (epoch, batch) and exit as SIGTERM would."""
+        if not self.preemption.pending:
+            return
+        if self.preemption.within_budget:
+            self.save(epoch, batch=batch)
+            self.checkpointer.wait()
+        self.close()
+        self.preemption.exit()
+
+    def wait(self) -> None:
+        """Block until the save in flight is committed."""
+        self.checkpointer.wait()
+
+    def close(self) -> None:
+        self.preemption.uninstall()
+        self.checkpointer.close()
+
+    def __enter__(self) -> LoopManager:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,195 @@
+"""Restore the newest intact copy: the newest position that every node of the job can verify.
+
+With the service (docs/design.md, "Restore"): ask for the resume position; read this node's part
+there, nearest tier first, newest attempt first, every byte verified before anything is assigned;
+mark each copy that fails (`corrupt` / `missing`, with the reason) so the judge demotes the
+position and no later restart trips on it; report where this attempt resumed and what it skipped;
+then wait until every expected node reported the same position (the restore agreement) — if
+another node demoted it meanwhile, move to the position the judge answers now.
+Without the service: the newest position on any tier whose copy verifies, the same way.
+When no position is left, the error names every copy tried and why it failed; nothing is ever
+started from scratch silently.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import replace
+
+from ckptstore import Position, Store
+from ckptstore.copies import Copy, NoIntactCopyError, Restored, Skipped, read_nearest_intact
+from ckptstore.errors import (
+    CheckpointNotFoundError,
+    CkptStoreError,
+    ServiceUnavailableError,
+    StorageUnavailableError,
+)
+from ckptstore.names import Tier
+from ckptstore.schema import SkippedCopy
+from client.service import ServiceClient
+
+__all__ = ["Restorer", "NothingToRestoreError"]
+
+log = logging.getLogger("ckptstore.client")
+AGREEMENT_POLL_S = 0.2
+
+
+class NothingToRestoreError(CheckpointNotFoundError):
+    """Checkpoints exist, but no position has an intact copy of this node's part."""
+
+
+class Restorer:
+    """One node's restore over its tiers, with the service as the judge when there is one."""
+
+    def __init__(
+        self,
+        *,
+        job: str,
+        node: str,
+        tiers: Mapping[Tier, Store],
+        client: ServiceClient | None,
+        attempt: str | None,
+        timeout_s: float,
+    ):
+        self.job, self.node, self.tiers = job, node, tiers
+        self.client, self.attempt, self.timeout_s = client, attempt, timeout_s
+        self.skipped: list[Skipped] = []
+
+    def restore(self) -> Restored | None:
+        """The verified checkpoint to resume from (with every copy skipped on the way), or None on a fresh job."""
+        if self.client is not None:
+            try:
+                return self._with_service(self.client)
+            except ServiceUnavailableError as exc:
+                log.warning("service unreachable (%s): finding the newest intact copy on storage", exc)
+        return self._from_storage()
+
+    # -- with the service ------------------------------------------------------------------------
+
+    def _with_service(self, client: ServiceClient) -> Restored | None:
+        deadline = time.monotonic() + self.timeout_s
+        failed: set[Position] = set()
+        while True:
+            position = self._resume_position(client)
+            if position is None:
+                if self.skipped:
+                    raise self._nothing_left()
+                self._report(client, None)
+                return None
+            if position in failed:
+                raise CkptStoreError(f"the service still answers {position} after {self.node}'s part was marked bad")
+            try:
+                restored = read_nearest_intact(self.tiers, self.job, self.node, position)
+            except NoIntactCopyError as exc:
+                self._mark(client, position, exc.skipped, whole_part=True)
+                failed.add(position)
+                continue
+            self._mark(client, position, restored.skipped, whole_part=False)
+            self._report(client, position)
+            if self._agreed(client, position, deadline):
+                return replace(restored, skipped=tuple(self.skipped))
+
+    def _resume_position(self, client: ServiceClient) -> Position | None:
+        try:
+            resume = client.last_good_epoch(self.job).resume
+        except CheckpointNotFoundError:
+            return None  # the job is not declared yet: a fresh start
+        return None if resume is None else resume.to_position()
+
+    def _mark(
+        self, client: ServiceClient, position: Position, skipped: tuple[Skipped, ...], *, whole_part: bool
+    ) -> None:
+        """Tell the service about every copy that failed, so the judge demotes what it must; when no
+        copy of the part verified (`whole_part`), the copies it records that storage lacks are missing too."""
+        self.skipped.extend(skipped)
+        for passed in skipped:
+            log.warning("restore skipped %s", passed)
+            self._mark_one(client, position, passed.state, passed.copy.attempt, passed.copy.tier, passed.reason)
+        if not whole_part:
+            return
+        tried = {(s.copy.tier, s.copy.attempt) for s in skipped}
+        for record in client.list_checkpoints(self.job, node=self.node, epoch=position.epoch, state="committed"):
+            if record.batch == position.batch and (record.tier, record.attempt) not in tried:
+                copy = Copy(record.tier, self.node, position, record.attempt, record.location)
+                gone = Skipped(copy, "missing", "recorded, but not on storage")
+                self.skipped.append(gone)
+                log.warning("restore skipped %s", gone)
+                self._mark_one(client, position, gone.state, record.attempt, record.tier, gone.reason)
+
+    def _mark_one(
+        self, client: ServiceClient, position: Position, state: str, attempt: str, tier: Tier, reason: str
+    ) -> None:
+        try:
+            client.mark(
+                self.job,
+                self.node,
+                position,
+                "missing" if state == "missing" else "corrupt",
+                attempt=attempt,
+                tier=tier,
+                reason=f"restore: {reason}"[:1000],
+            )
+        except CheckpointNotFoundError:
+            pass  # a copy the service never recorded (a leftover on storage)
+
+    def _report(self, client: ServiceClient, position: Position | None) -> None:
+        if self.attempt is None or "-" in self.attempt:
+            return  # processes that do not write, and offline attempts, have nothing to report
+        skipped = [
+            SkippedCopy(
+                epoch=s.copy.position.epoch,
+                batch=s.copy.position.batch,
+                attempt=s.copy.attempt,
+                tier=s.copy.tier,
+                state=s.state,
+                reason=s.reason[:1000],
+            )
+            for s in self.skipped
+        ]
+        client.report_resume(self.job, self.node, self.attempt, resumed_from=position, skipped=skipped)
+
+    def _agreed(self, client: ServiceClient, position: Position, deadline: float) -> bool:
+        """Wait until every expected node verified `position` (True), or the judge moved on (False)."""
+        while True:
+            agreement = client.resume_agreement(self.job)
+            current = None if agreement.resume is None else agreement.resume.to_position()
+            if current != position:
+                return False
+            if agreement.agreed:
+                return True
+            if time.monotonic() > deadline:
+                raise CkptStoreError(
+                    f"nodes {', '.join(agreement.waiting)} of job {self.job!r} did not verify {position} within "
+                    f"{self.timeout_s:g} s: resuming without them could start the nodes from different positions"
+                )
+            time.sleep(AGREEMENT_POLL_S)
+
+    # -- without the service ---------------------------------------------------------------------
+
+    def _from_storage(self) -> Restored | None:
+        found: set[Position] = set()
+        for tier, store in self.tiers.items():
+            try:
+                found.update(store.list_positions(self.job, self.node))
+            except StorageUnavailableError as exc:
+                log.warning("the %s tier is away (%s): restoring from the others", tier, exc)
+        positions = sorted(found, reverse=True)
+        for position in positions:
+            try:
+                restored = read_nearest_intact(self.tiers, self.job, self.node, position)
+            except NoIntactCopyError as exc:
+                self.skipped.extend(exc.skipped)
+                continue
+            self.skipped.extend(restored.skipped)
+            for passed in self.skipped:
+                log.warning("restore skipped %s", passed)
+            return replace(restored, skipped=tuple(self.skipped))
+        if self.skipped:
+            raise self._nothing_left()
+        return None
+
+    def _nothing_left(self) -> NothingToRestoreError:
+        tried = "; ".join(str(s) for s in self.skipped)
+        return NothingToRestoreError(f"no intact copy of {self.job}/{self.node} is left to resume from: {tried}")

@@ -1,0 +1,147 @@
+"""Attempts: each process start gets a number above every attempt seen (fencing the older ones),
+reports where it resumed and what it skipped, and waits for the restore agreement.
+
+Restore agreement (docs/design.md, "Restore"): every node verifies its part of the resume position
+before assigning anything, reports it here, and starts training only when every expected node's
+newest attempt reported the same position, after that position first existed (a report older than
+the position is from the run that wrote it). A node that finds its part unreadable marks it, which
+demotes the position; the judge then answers an older one and everyone moves there.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from ckptstore.names import ATTEMPT_LIMIT
+from ckptstore.position import Position
+from ckptstore.schema import AttemptInfo, PositionBody, ResumeAgreement, ResumeReport, SkippedCopy
+from server.errors import ApiError
+from server.events import emit
+from server.last_good import expected_nodes
+from server.models import Attempt, Checkpoint, Job, batch_key
+from server.paging import Page
+from server.records import require_node
+
+__all__ = ["start_attempt", "attempt_info", "list_attempts", "report_resume", "resume_agreement"]
+
+
+def start_attempt(
+    session: Session, job: Job, node: str, resumed_from: Position | None, *, at_least: int | None = None
+) -> Attempt:
+    """Number a new process start of `node`: above every attempt seen so far, registered or committed
+    (and at least `at_least`)."""
+    require_node(session, job, node)
+    registered, committed = session.execute(
+        select(
+            select(func.max(Attempt.number)).where(Attempt.job_id == job.id, Attempt.node == node).scalar_subquery(),
+            select(func.max(Checkpoint.attempt_number))
+            .where(Checkpoint.job_id == job.id, Checkpoint.node == node)
+            .scalar_subquery(),
+        )
+    ).one()
+    now = time.time()
+    if max(registered or 0, committed or 0) + 1 >= ATTEMPT_LIMIT:
+        raise ApiError(409, "conflict", f"{node}'s attempt counter is exhausted (numbers stop below {ATTEMPT_LIMIT})")
+    attempt = Attempt(
+        job_id=job.id,
+        node=node,
+        number=max(registered or 0, committed or 0, (at_least or 1) - 1) + 1,
+        skipped=[],
+        started_at=now,
+    )
+    _set_resumed(attempt, resumed_from, now)
+    session.add(attempt)
+    session.flush()
+    emit(session, "attempt.started", job.name, node=node, attempt=str(attempt.number), **_resumed(resumed_from))
+    if registered:
+        emit(session, "node.fenced", job.name, node=node, attempt=str(registered), by=str(attempt.number))
+    return attempt
+
+
+def _resumed(position: Position | None) -> dict[str, Any]:
+    body = PositionBody.of(position)
+    return {"resumed_from": None if body is None else body.model_dump()}
+
+
+def _set_resumed(attempt: Attempt, position: Position | None, now: float) -> None:
+    attempt.resumed_epoch = None if position is None else position.epoch
+    attempt.resumed_batch_key = None if position is None else batch_key(position.batch)
+    attempt.resumed_at = None if position is None else now
+
+
+def attempt_info(job: Job, attempt: Attempt) -> AttemptInfo:
+    return AttemptInfo(
+        job=job.name,
+        node=attempt.node,
+        attempt=str(attempt.number),
+        resumed_from=PositionBody.of(attempt.resumed_from),
+        skipped=[SkippedCopy.model_validate(s) for s in attempt.skipped or []],
+        started_at=attempt.started_at,
+        resumed_at=attempt.resumed_at,
+    )
+
+
+def list_attempts(session: Session, job: Job, *, node: str | None, page: Page) -> list[AttemptInfo]:
+    query = select(Attempt).where(Attempt.job_id == job.id)
+    if node is not None:
+        query = query.where(Attempt.node == node)
+    query = query.order_by(Attempt.started_at, Attempt.node, Attempt.number).limit(page.limit).offset(page.offset)
+    return [attempt_info(job, a) for a in session.scalars(query)]
+
+
+def report_resume(session: Session, job: Job, node: str, number: int, body: ResumeReport) -> Attempt:
+    """Record where attempt `number` of `node` resumed (after verifying its part there) and what it skipped."""
+    attempt = session.get(Attempt, (job.id, node, number))
+    if attempt is None:
+        raise ApiError.not_found(f"{node} has no attempt {number} in job {job.name!r}")
+    newest = session.scalar(select(func.max(Attempt.number)).where(Attempt.job_id == job.id, Attempt.node == node))
+    if newest is not None and newest > number:
+        raise ApiError(409, "fenced", f"attempt {number} of {node} is fenced: attempt {newest} started since")
+    _set_resumed(attempt, None if body.resumed_from is None else body.resumed_from.to_position(), time.time())
+    attempt.skipped = [s.model_dump(mode="json") for s in body.skipped]
+    resumed = None if body.resumed_from is None else body.resumed_from.to_position()
+    emit(
+        session,
+        "attempt.started",
+        job.name,
+        node=node,
+        attempt=str(number),
+        reported=True,
+        skipped=attempt.skipped,
+        **_resumed(resumed),
+    )
+    return attempt
+
+
+def resume_agreement(session: Session, job: Job) -> ResumeAgreement:
+    """Whether every expected node's newest attempt reported the job's resume position since it first existed."""
+    resume = job.resume
+    if resume is None:
+        return ResumeAgreement(job=job.name, resume=None, agreed=True, waiting=[])
+    born = session.scalar(
+        select(func.min(Checkpoint.created_at)).where(
+            Checkpoint.job_id == job.id,
+            Checkpoint.epoch == resume.epoch,
+            Checkpoint.batch_key == batch_key(resume.batch),
+        )
+    )
+    newest: dict[str, Attempt] = {}
+    for attempt in session.scalars(select(Attempt).where(Attempt.job_id == job.id)):
+        if attempt.node not in newest or attempt.number > newest[attempt.node].number:
+            newest[attempt.node] = attempt
+
+    def agreed(node: str) -> bool:
+        attempt = newest.get(node)
+        return (
+            attempt is not None
+            and attempt.resumed_from == resume
+            and attempt.resumed_at is not None
+            and attempt.resumed_at >= (born or 0.0)
+        )
+
+    waiting = [node for node in expected_nodes(session, job) if not agreed(node)]
+    return ResumeAgreement(job=job.name, resume=PositionBody.of(resume), agreed=not waiting, waiting=waiting)

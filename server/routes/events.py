@@ -1,0 +1,92 @@
+"""The event stream: `GET /v1/events` as Server-Sent Events, or pages of JSON for polling clients."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Header, Query, Request
+from fastapi.responses import StreamingResponse
+
+from ckptstore.errors import InvalidNameError
+from ckptstore.events import EVENT_TYPES, EventPage
+from ckptstore.names import validate_name
+from server.deps import HubDep
+from server.errors import COMMON_ERRORS, ApiError, error_responses
+from server.stream import EventHub
+
+__all__ = ["router", "stream_response", "event_filter"]
+
+router = APIRouter(prefix="/v1", tags=["events"], responses=COMMON_ERRORS | error_responses(403))
+STREAM_HEADERS = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+
+
+def event_filter(job: str | None, types: str | None, scope: str | None) -> tuple[str | None, frozenset[str] | None]:
+    """The job and types asked for, checked; a job token's stream is its own job's (`scope`)."""
+    if job is not None:
+        try:
+            validate_name(job, kind="job")
+        except InvalidNameError as exc:
+            raise ApiError.invalid(str(exc)) from None
+    if scope is not None:
+        if job not in (None, scope):
+            raise ApiError(403, "forbidden", "this token is for another job")
+        job = scope
+    wanted = None
+    if types:
+        wanted = frozenset(t.strip() for t in types.split(",") if t.strip())
+        unknown = sorted(wanted - set(EVENT_TYPES))
+        if unknown:
+            raise ApiError.invalid(f"unknown event types {unknown}; known: {', '.join(EVENT_TYPES)}")
+    return job, wanted
+
+
+def _resume_id(after: int | None, last_event_id: str | None) -> int | None:
+    if after is not None:
+        return after
+    if last_event_id is None:
+        return None
+    if not last_event_id.strip().isdigit():
+        raise ApiError.invalid("Last-Event-ID must be an event id (a non-negative integer)")
+    return int(last_event_id)
+
+
+def stream_response(
+    hub: EventHub, after: int | None, job: str | None, types: frozenset[str] | None, *, named: bool = True
+) -> StreamingResponse:
+    """The SSE stream from `after` (None: from now on)."""
+    start = hub.read_through if after is None else after
+    frames = hub.events(start, job=job, types=types, named=named)
+    return StreamingResponse(frames, media_type="text/event-stream", headers=STREAM_HEADERS)
+
+
+@router.get(
+    "/events",
+    response_model=None,
+    responses={
+        200: {"content": {"text/event-stream": {}, "application/json": {"schema": EventPage.model_json_schema()}}}
+    },
+)
+async def events(
+    request: Request,
+    hub: HubDep,
+    job: str | None = None,
+    types: Annotated[str | None, Query(description="comma-separated event types")] = None,
+    after: Annotated[int | None, Query(ge=0, description="events with a higher id (else Last-Event-ID)")] = None,
+    format: Literal["sse", "json"] = "sse",
+    limit: Annotated[int, Query(ge=1, le=1000, description="events per JSON page")] = 100,
+    last_event_id: Annotated[str | None, Header()] = None,
+) -> StreamingResponse | EventPage:
+    """Every change the service records, as it happens: Server-Sent Events (`id`, `event`, `data`)
+    resumed with `Last-Event-ID` or `?after=`, with heartbeats and a `reset` event when the asked id
+    already left the log; `?format=json` answers one page for polling clients."""
+    job, wanted = event_filter(job, types, getattr(request.state, "token_job", None))
+    start = _resume_id(after, last_event_id)
+    if format == "sse":
+        return stream_response(hub, start, job, wanted)
+    start = start or 0
+    found, oldest = await hub.page(start, job=job, types=wanted, limit=limit)
+    return EventPage(
+        events=found,
+        last_id=found[-1].id if found else start,
+        reset=oldest is not None and start + 1 < oldest,
+    )

@@ -1,0 +1,174 @@
+"""Event streams: one reader of the event log per service process fans new events out to every
+subscriber in memory, so 200 subscribers cost one query per wake-up, not 200.
+
+The reader wakes when this process commits events, when PostgreSQL NOTIFYs that another process did
+(server/versions.py), and every `poll_seconds` regardless (SQLite's other workers, or a dropped
+notification connection). A subscriber first registers, then reads its backlog from the log, then
+takes live events, skipping ids it has already sent: nothing is missed and nothing is sent twice.
+A subscriber that falls too far behind reads from the log again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from ckptstore.events import Event
+from server.db import Database
+from server.events import events_after, newest_event_id, oldest_event_id
+
+__all__ = ["EventHub", "Subscription", "sse_frame", "HEARTBEAT"]
+
+log = logging.getLogger("ckptstore.server")
+READ_LIMIT = 500
+QUEUE_LIMIT = 10_000
+HEARTBEAT = b": heartbeat\n\n"
+
+
+def sse_frame(event: Event, *, named: bool = True) -> bytes:
+    """One Server-Sent Event: `id`, `event` (the type; unnamed frames reach a browser's `onmessage`)
+    and `data` (the event as JSON)."""
+    name = f"event: {event.type}\n" if named else ""
+    return f"id: {event.id}\n{name}data: {event.model_dump_json()}\n\n".encode()
+
+
+def reset_frame(after: int, oldest: int) -> bytes:
+    """The ids after `after` up to `oldest` left the log: the subscriber missed events it cannot get."""
+    data = json.dumps({"after": after, "oldest": oldest})
+    return f"id: {oldest - 1}\nevent: reset\ndata: {data}\n\n".encode()
+
+
+@dataclass(eq=False)
+class Subscription:
+    """One stream's filter and its queue of live events."""
+
+    job: str | None
+    types: frozenset[str] | None
+    queue: asyncio.Queue[Event] = field(default_factory=lambda: asyncio.Queue(QUEUE_LIMIT))
+    overflowed: bool = False
+
+    def matches(self, event: Event) -> bool:
+        return (self.job is None or event.job == self.job) and (not self.types or event.type in self.types)
+
+    def offer(self, event: Event) -> None:
+        if not self.matches(event):
+            return
+        try:
+            self.queue.put_nowait(event)
+        except asyncio.QueueFull:
+            self.overflowed = True
+
+
+class EventHub:
+    """This process's reader of the event log (see module docstring)."""
+
+    def __init__(self, db: Database, *, poll_seconds: float, heartbeat_seconds: float):
+        self.db = db
+        self.poll_seconds, self.heartbeat_seconds = poll_seconds, heartbeat_seconds
+        self.subscribers: set[Subscription] = set()
+        self.read_through = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
+        self.read_through = await asyncio.to_thread(self._newest)
+        self._task = asyncio.create_task(self._run(), name="ckptstore-event-hub")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    def wake(self, newest: int | None = None) -> None:
+        """New events were committed (callable from any thread)."""
+        if self._loop is not None and self._wake is not None and (newest is None or newest > self.read_through):
+            self._loop.call_soon_threadsafe(self._wake.set)
+
+    def _newest(self) -> int:
+        with self.db.read() as session:
+            return newest_event_id(session)
+
+    def _read(self, after: int, job: str | None, types: frozenset[str] | None) -> list[Event]:
+        with self.db.read() as session:
+            return events_after(session, after, job=job, types=types, limit=READ_LIMIT)
+
+    def _oldest(self) -> int | None:
+        with self.db.read() as session:
+            return oldest_event_id(session)
+
+    async def _run(self) -> None:
+        assert self._wake is not None
+        while True:
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=self.poll_seconds)
+            except TimeoutError:
+                pass
+            self._wake.clear()
+            try:
+                events = await asyncio.to_thread(self._read, self.read_through, None, None)
+            except self.db.errors as exc:
+                log.warning("event log unreadable (%s); retrying", type(exc).__name__)
+                continue
+            for event in events:
+                self.read_through = event.id
+                for subscriber in self.subscribers:
+                    subscriber.offer(event)
+            if len(events) == READ_LIMIT:
+                self._wake.set()
+
+    async def events(
+        self, after: int, *, job: str | None, types: frozenset[str] | None, named: bool = True
+    ) -> AsyncIterator[bytes]:
+        """SSE frames: a `reset` if events after `after` left the log, the backlog, then live events
+        and heartbeats, until the client goes away."""
+        subscription = Subscription(job, types)
+        self.subscribers.add(subscription)
+        try:
+            last = after
+            oldest = await asyncio.to_thread(self._oldest)
+            if oldest is not None and last + 1 < oldest:
+                yield reset_frame(last, oldest)
+                last = oldest - 1
+            while True:
+                async for event in self._backlog(last, job, types):
+                    last = event.id
+                    yield sse_frame(event, named=named)
+                subscription.overflowed = False
+                while not subscription.overflowed:
+                    try:
+                        event = await asyncio.wait_for(subscription.queue.get(), timeout=self.heartbeat_seconds)
+                    except TimeoutError:
+                        yield HEARTBEAT
+                        continue
+                    if event.id > last:
+                        last = event.id
+                        yield sse_frame(event, named=named)
+                subscription.queue = asyncio.Queue(QUEUE_LIMIT)  # fell behind: read the log again
+        finally:
+            self.subscribers.discard(subscription)
+
+    async def _backlog(self, after: int, job: str | None, types: frozenset[str] | None) -> AsyncIterator[Event]:
+        while True:
+            events = await asyncio.to_thread(self._read, after, job, types)
+            for event in events:
+                after = event.id
+                yield event
+            if len(events) < READ_LIMIT:
+                return
+
+    async def page(
+        self, after: int, *, job: str | None, types: frozenset[str] | None, limit: int
+    ) -> tuple[list[Event], int | None]:
+        """Events after `after` (at most `limit`) for polling clients, and the oldest id in the log."""
+
+        def read() -> tuple[list[Event], int | None]:
+            with self.db.read() as session:
+                return events_after(session, after, job=job, types=types, limit=limit), oldest_event_id(session)
+
+        return await asyncio.to_thread(read)

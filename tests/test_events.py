@@ -1,0 +1,393 @@
+"""The event log, its stream and webhooks, against a real service on loopback: every event type is
+produced by the action that causes it with the documented fields; a subscriber that reconnects with
+Last-Event-ID misses nothing and sees nothing twice; a webhook receiver that is down gets every
+delivery afterwards, in order, signed, even across a service restart; job tokens see only their
+job; webhooks reach only allowed hosts and never show their secret."""
+
+from __future__ import annotations
+
+import http.server
+import itertools
+import json
+import threading
+import time
+
+import httpx
+import pytest
+
+from ckptstore.events import EVENT_TYPES, Event, verify_signature
+from client import ServiceClient
+from client.commands import _event_line
+from tests.builders import commit_body, declare
+from tests.conftest import service_settings
+from tests.live import LiveService, ScratchPostgres, postgres_available, wait_for
+from tests.servers import free_port
+
+SECRET = "s3cret-webhook-key-0123"
+FIELDS = {"id", "type", "time", "job", "node", "position", "data"}
+DATA = {  # the documented payload of each type (docs/rest.md, "Events")
+    "job.declared": {"nodes", "storage_root", "local_root"},
+    "job.updated": {"nodes", "storage_root", "local_root", "nodes_changed"},
+    "job.deleted": set(),
+    "attempt.started": {"attempt", "resumed_from"},
+    "attempt.started/reported": {"attempt", "resumed_from", "reported", "skipped"},
+    "node.fenced": {"attempt", "by"},
+    "checkpoint.committed": {"attempt", "tier", "location", "bytes", "step"},
+    "position.good": {"last_good_epoch", "durable", "nodes"},
+    "copy.marked": {"attempt", "state", "tiers", "reason"},
+    "retention.deleted": {"attempt", "state", "tiers", "reason"},
+    "replication.done": {"attempt"},
+    "replication.lagging": {"pending", "oldest_pending_since"},
+    "health.changed": {"cp_accessible", "previous", "error", "latency_ms"},
+}
+
+
+def events_of(http: httpx.Client, job: str, after: int = 0) -> list[dict]:
+    page = http.get("/v1/events", params={"format": "json", "job": job, "after": after, "limit": 1000}).json()
+    return page["events"]
+
+
+def every_action(http: httpx.Client, root: str, job: str) -> None:
+    """One action per event type, in order."""
+    local = "/var/tmp/ckptstore-local"
+    declare(http, root, job, ["n0", "n1"], local_root=local)
+    declare(http, root, job, ["n0", "n1"], local_root=local, retention={"keep_last": 3})
+    for _ in range(2):
+        assert http.post(f"/v1/jobs/{job}/nodes/n0/attempts", json={}).status_code == 201
+    assert http.post(f"/v1/jobs/{job}/nodes/n1/attempts", json={}).status_code == 201
+    resume = {"resumed_from": None, "skipped": []}
+    assert http.put(f"/v1/jobs/{job}/nodes/n0/attempts/2", json=resume).status_code == 200
+    for epoch in (0, 1):
+        for node, attempt in (("n0", 2), ("n1", 1)):
+            body = commit_body(local, job, node, epoch, attempt=attempt, tier="local")
+            assert http.post(f"/v1/jobs/{job}/nodes/{node}/checkpoints", json=body).status_code == 201
+    body = commit_body(root, job, "n0", 0, attempt=2)
+    assert http.post(f"/v1/jobs/{job}/nodes/n0/checkpoints", json=body).status_code == 201
+    mark = {"epoch": 1, "state": "corrupt", "attempt": "2", "tier": "local", "reason": "crc32c mismatch"}
+    assert http.post(f"/v1/jobs/{job}/nodes/n0/checkpoints/mark", json=mark).status_code == 200
+    mark = {"epoch": 0, "state": "deleted", "attempt": "1", "tier": "local", "reason": "retention: keep_last"}
+    assert http.post(f"/v1/jobs/{job}/nodes/n1/checkpoints/mark", json=mark).status_code == 200
+    health = {"cp_accessible": False, "latency_ms": 12.5, "error": "timeout"}
+    assert http.put(f"/v1/jobs/{job}/nodes/n0/health", json=health).status_code == 200
+    assert http.delete(f"/v1/jobs/{job}").status_code == 204
+
+
+EXPECTED = [
+    ("job.declared", None, None),
+    ("job.updated", None, None),
+    ("attempt.started", "n0", None),
+    ("attempt.started", "n0", None),
+    ("node.fenced", "n0", None),
+    ("attempt.started", "n1", None),
+    ("attempt.started/reported", "n0", None),
+    ("checkpoint.committed", "n0", 0),
+    ("checkpoint.committed", "n1", 0),
+    ("position.good", None, 0),
+    ("checkpoint.committed", "n0", 1),
+    ("replication.lagging", "n0", 1),
+    ("checkpoint.committed", "n1", 1),
+    ("replication.lagging", "n1", 1),
+    ("position.good", None, 1),
+    ("checkpoint.committed", "n0", 0),
+    ("replication.done", "n0", 0),
+    ("copy.marked", "n0", 1),
+    ("retention.deleted", "n1", 0),
+    ("health.changed", "n0", None),
+    ("job.deleted", None, None),
+]
+
+
+def test_every_event_type_comes_from_its_action_with_the_documented_fields(service, job_name):
+    with service.client() as http:
+        every_action(http, service.storage, job_name)
+        events = events_of(http, job_name)
+    seen = []
+    for event in events:
+        assert set(event) == FIELDS and event["job"] == job_name
+        kind = event["type"] + ("/reported" if event["data"].get("reported") else "")
+        assert set(event["data"]) == DATA[kind], kind
+        seen.append((kind, event["node"], event["position"] and event["position"]["epoch"]))
+    assert seen == EXPECTED
+    assert {kind.split("/")[0] for kind, _, _ in EXPECTED} == set(EVENT_TYPES), "every type is exercised"
+    ids = [e["id"] for e in events]
+    assert ids == sorted(set(ids)), "ids grow"
+    good = [e for e in events if e["type"] == "position.good"]
+    assert [e["data"]["last_good_epoch"] for e in good] == [0, 1]
+    assert events[19]["data"] == {"cp_accessible": False, "previous": None, "error": "timeout", "latency_ms": 12.5}
+
+
+def test_a_refused_write_emits_nothing(service, job_name):
+    with service.client() as http:
+        declare(http, service.storage, job_name, ["n0"])
+        before = events_of(http, job_name)
+        body = commit_body(service.storage, job_name, "n0", 0, location=f"{service.storage}/elsewhere")
+        assert http.post(f"/v1/jobs/{job_name}/nodes/n0/checkpoints", json=body).status_code == 422
+        assert http.post(f"/v1/jobs/{job_name}/nodes/n9/attempts", json={}).status_code == 422
+        assert events_of(http, job_name) == before
+
+
+def read_stream(url: str, headers: dict[str, str], count: int, params: dict | None = None) -> tuple[list[str], bool]:
+    """The raw lines of the first `count` events of a stream, and whether a heartbeat came among them."""
+    lines, events, heartbeat = [], 0, False
+    with httpx.stream("GET", f"{url}/v1/events", headers=headers, params=params, timeout=10) as response:
+        assert response.headers["content-type"].startswith("text/event-stream")
+        for line in response.iter_lines():
+            heartbeat |= line.startswith(": heartbeat")
+            lines.append(line)
+            events += line.startswith("data:")
+            if events == count:
+                return lines, heartbeat
+    raise AssertionError("the stream ended")
+
+
+def test_a_subscriber_resuming_with_last_event_id_misses_nothing_and_sees_nothing_twice(tmp_path):
+    settings = service_settings(str(tmp_path), f"sqlite:///{tmp_path}/svc.db", events_heartbeat_seconds=0.2)
+    live = LiveService(settings)
+    root = settings.default_storage
+    try:
+        with live.client() as http:
+            declare(http, root, "resume", ["n0"])
+            first, heartbeat = read_stream(live.url, {"Last-Event-ID": "0"}, 1, {"job": "resume"})
+            assert first[:2] == ["id: 1", "event: job.declared"]
+            for epoch in range(5):  # written while nobody listens
+                http.post("/v1/jobs/resume/nodes/n0/checkpoints", json=commit_body(root, "resume", "n0", epoch))
+            writer = threading.Thread(
+                target=lambda: [
+                    http.post("/v1/jobs/resume/nodes/n0/checkpoints", json=commit_body(root, "resume", "n0", e))
+                    for e in range(5, 8)
+                ]
+            )
+            timer = threading.Timer(0.5, writer.start)  # after a heartbeat, while the stream is open
+            timer.start()
+            lines, heartbeat = read_stream(live.url, {"Last-Event-ID": "1"}, 16, {"job": "resume"})
+            writer.join()
+        ids = [int(line[4:]) for line in lines if line.startswith("id: ")]
+        assert ids == list(range(2, 18)), "every event after 1, once, in order (commits and good positions)"
+        assert heartbeat, "an idle stream sends heartbeats"
+        events = [Event.model_validate_json(line[6:]) for line in lines if line.startswith("data: ")]
+        assert [e.position.epoch for e in events if e.type == "position.good"] == list(range(8))
+    finally:
+        live.stop()
+
+
+def test_a_reader_behind_the_log_window_gets_a_reset_and_the_rest(tmp_path):
+    from server.db import Database, make_engine
+    from server.events import prune
+
+    settings = service_settings(str(tmp_path), f"sqlite:///{tmp_path}/svc.db")
+    live = LiveService(settings)
+    try:
+        with live.client() as http:
+            for i in range(4):
+                declare(http, settings.default_storage, f"window-{i}", ["n0"])
+            db = Database(make_engine(settings.database_url))
+            with db.write() as session:
+                assert prune(session, keep_seconds=1e9, keep_rows=2, now=time.time()) == 2
+            db.dispose()
+            page = http.get("/v1/events", params={"format": "json", "after": 1}).json()
+            assert page["reset"] is True and [e["id"] for e in page["events"]] == [3, 4]
+            lines, _ = read_stream(live.url, {"Last-Event-ID": "1"}, 3)
+        assert lines[:3] == ["id: 2", "event: reset", 'data: {"after": 1, "oldest": 3}']
+        assert [line for line in lines if line.startswith("id: ")] == ["id: 2", "id: 3", "id: 4"]
+        with ServiceClient(live.url) as client:
+            assert [e.id for e in _take(client.events(after=1), 2)] == [3, 4], "the Python client goes on after a reset"
+    finally:
+        live.stop()
+
+
+def _take(events, n: int) -> list[Event]:
+    return list(itertools.islice(events, n))
+
+
+def test_job_tokens_see_only_their_jobs_events_and_no_webhooks(tmp_path):
+    tokens = {"alpha": "alpha-token-0123456789", "beta": "beta-token-0123456789"}
+    settings = service_settings(
+        str(tmp_path), f"sqlite:///{tmp_path}/svc.db", token="admin-token-0123456789", job_tokens=tokens
+    )
+    live = LiveService(settings)
+    try:
+        admin = {"Authorization": "Bearer admin-token-0123456789"}
+        with live.client(headers=admin) as http:
+            for job in ("alpha", "beta"):
+                declare(http, settings.default_storage, job, ["n0"])
+        alpha = {"Authorization": f"Bearer {tokens['alpha']}"}
+        with live.client(headers=alpha) as http:
+            page = http.get("/v1/events", params={"format": "json"}).json()
+            assert [(e["type"], e["job"]) for e in page["events"]] == [("job.declared", "alpha")]
+            assert http.get("/v1/events", params={"format": "json", "job": "beta"}).status_code == 403
+            assert http.get("/v1/webhooks").status_code == 403
+        lines, _ = read_stream(live.url, alpha | {"Last-Event-ID": "0"}, 1)
+        assert json.loads(lines[-1][6:])["job"] == "alpha"
+        assert httpx.get(f"{live.url}/v1/events", params={"format": "json"}).status_code == 401
+    finally:
+        live.stop()
+
+
+class Receiver:
+    """A loopback webhook receiver that records (headers, body) and can be down (503 or no listener)."""
+
+    def __init__(self, port: int | None = None):
+        self.received: list[tuple[dict[str, str], bytes]] = []
+        self.failing = False
+        self.port = port or free_port()
+        self._start()
+
+    def _start(self) -> None:
+        receiver = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                status = 503 if receiver.failing else 200
+                if not receiver.failing:
+                    receiver.received.append(({k.lower(): v for k, v in self.headers.items()}, body))
+                self.send_response(status)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/hook"
+
+
+def test_webhook_deliveries_survive_a_down_receiver_and_a_service_restart_in_order_and_signed(tmp_path):
+    settings = service_settings(
+        str(tmp_path), f"sqlite:///{tmp_path}/svc.db", webhook_hosts="127.0.0.1", webhook_poll_seconds=0.1
+    )
+    live = LiveService(settings)
+    receiver = Receiver()
+    receiver.failing = True
+    root = settings.default_storage
+    with live.client() as http:
+        spec = {"url": receiver.url, "events": ["checkpoint.committed", "position.good"], "secret": SECRET}
+        created = http.put("/v1/webhooks/ci", json=spec)
+        assert created.status_code == 201 and "secret" not in created.text and SECRET not in created.text
+        declare(http, root, "hooked", ["n0"])
+        for epoch in range(3):
+            http.post("/v1/jobs/hooked/nodes/n0/checkpoints", json=commit_body(root, "hooked", "n0", epoch))
+
+        def tried_twice() -> bool:
+            deliveries = http.get("/v1/webhooks/ci/deliveries").json()
+            return bool(deliveries) and deliveries[-1]["attempts"] >= 2
+
+        wait_for(tried_twice, timeout=20, what="retries while the receiver fails")
+        pending = http.get("/v1/webhooks/ci/deliveries").json()[-1]
+        assert pending["status"] == "pending" and pending["last_error"] == "receiver answered 503"
+    live.stop()  # mid-retry
+    receiver.failing = False
+    live = LiveService(settings, port=live.port)
+    try:
+        with live.client() as http:
+            http.post("/v1/jobs/hooked/nodes/n0/checkpoints", json=commit_body(root, "hooked", "n0", 3))
+            wait_for(lambda: len(receiver.received) >= 8, timeout=30, what="every delivery")
+            time.sleep(0.5)
+            deliveries = http.get("/v1/webhooks/ci/deliveries").json()
+            listed = http.get("/v1/webhooks").text
+        assert SECRET not in listed and {d["status"] for d in deliveries} == {"delivered"}
+        assert deliveries[-1]["attempts"] >= 2 and deliveries[0]["attempts"] == 1
+    finally:
+        live.stop()
+        receiver.stop()
+    events = [Event.model_validate_json(body) for _, body in receiver.received]
+    assert [(e.type, e.position.epoch) for e in events] == [
+        (kind, epoch) for epoch in range(4) for kind in ("checkpoint.committed", "position.good")
+    ], "every delivery, once, in order"
+    for headers, body in receiver.received:
+        assert verify_signature(SECRET, headers["x-ckptstore-timestamp"], body, headers["x-ckptstore-signature"])
+        event = json.loads(body)
+        assert headers["x-ckptstore-delivery"] == str(event["id"]) and headers["x-ckptstore-event"] == event["type"]
+    assert not verify_signature(
+        "another-secret-000000", headers["x-ckptstore-timestamp"], body, headers["x-ckptstore-signature"]
+    )
+
+
+def test_webhooks_to_hosts_not_allowed_are_refused(tmp_path):
+    settings = service_settings(str(tmp_path), f"sqlite:///{tmp_path}/svc.db", webhook_hosts="hooks.internal")
+    live = LiveService(settings)
+    try:
+        with live.client() as http:
+            for url in (
+                "http://169.254.169.254/latest",
+                "http://127.0.0.1:9/x",
+                "file:///etc/passwd",
+                "http://hooks.internal.evil.com/",
+            ):
+                answer = http.put("/v1/webhooks/bad", json={"url": url, "events": ["position.good"], "secret": SECRET})
+                assert answer.status_code in (403, 422), url
+            assert http.get("/v1/webhooks").json() == []
+            ok = {"url": "https://hooks.internal/ckpt", "events": ["position.good"], "secret": SECRET}
+            assert http.put("/v1/webhooks/good", json=ok).status_code == 201
+            assert http.put("/v1/webhooks/good", json=ok | {"events": ["no.such"]}).status_code == 422
+            assert http.put("/v1/webhooks/good", json=ok | {"secret": "short"}).status_code == 422
+    finally:
+        live.stop()
+
+
+def test_a_stream_through_one_replica_sees_commits_through_another(tmp_path):
+    if not postgres_available():
+        pytest.fail("PostgreSQL is not reachable on 127.0.0.1:5432 and could not be started")
+    database = ScratchPostgres()
+    settings = service_settings(str(tmp_path), database.url, events_poll_seconds=30)  # only NOTIFY wakes it
+    a, b = LiveService(settings), LiveService(settings)
+    root = settings.default_storage
+    try:
+        with httpx.Client(base_url=a.url) as http:
+            declare(http, root, "across", ["n0"])
+        got: list[Event] = []
+
+        def listen() -> None:
+            with ServiceClient(b.url) as client:
+                got.extend(_take(client.events("across", after=0), 3))
+
+        listener = threading.Thread(target=listen)
+        listener.start()
+        time.sleep(0.5)
+        with httpx.Client(base_url=a.url) as http:
+            http.post("/v1/jobs/across/nodes/n0/checkpoints", json=commit_body(root, "across", "n0", 0))
+        listener.join(timeout=10)  # well before the 30 s poll: only a NOTIFY from replica a can wake b
+        assert [e.type for e in got] == ["job.declared", "checkpoint.committed", "position.good"]
+        assert "checkpoint.committed" in _event_line(got[1]) and "node=n0" in _event_line(got[1])
+    finally:
+        a.stop()
+        b.stop()
+        database.drop()
+
+
+def test_ckptstore_watch_prints_one_line_per_event_and_raw_json(tmp_path):
+    import subprocess
+    import sys
+
+    settings = service_settings(str(tmp_path), f"sqlite:///{tmp_path}/svc.db")
+    live = LiveService(settings)
+    root = settings.default_storage
+    try:
+        with live.client() as http:
+            declare(http, root, "watched", ["n0"])
+            declare(http, root, "other", ["n0"])
+            http.post("/v1/jobs/watched/nodes/n0/checkpoints", json=commit_body(root, "watched", "n0", 0))
+        command = [sys.executable, "-m", "client.cli", "watch", "watched", "--url", live.url, "--since", "0"]
+        text = subprocess.run([*command, "--count", "3"], capture_output=True, text=True, timeout=60)
+        raw = subprocess.run(
+            [*command, "--count", "1", "--json", "--types", "position.good"], capture_output=True, text=True, timeout=60
+        )
+        bad = subprocess.run([*command, "--types", "nope"], capture_output=True, text=True, timeout=60)
+    finally:
+        live.stop()
+    lines = text.stdout.splitlines()
+    assert text.returncode == 0 and len(lines) == 3, text.stderr
+    assert "#1" in lines[0] and "job.declared" in lines[0] and "job=watched" in lines[0] and "storage_root=" in lines[0]
+    assert "checkpoint.committed" in lines[1] and "node=n0 position=0" in lines[1] and "attempt=1" in lines[1]
+    assert "position.good" in lines[2] and "last_good_epoch=0" in lines[2]
+    event = Event.model_validate_json(raw.stdout)
+    assert event.type == "position.good" and event.job == "watched"
+    assert bad.returncode == 2 and "unknown event types" in bad.stderr and len(bad.stderr.splitlines()) == 1

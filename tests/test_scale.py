@@ -1,0 +1,168 @@
+"""Large jobs and batched writes: the batch commit endpoint answers each commit as it would alone;
+reports that piled up during an outage are re-posted in one request; a 4,096-node job registers
+its attempts, commits one position and pages through its lists; the job page of a large job shows
+counts per position and names the nodes that hold it back."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import re
+
+import httpx
+import numpy as np
+import pytest
+
+from ckptstore import Store
+from ckptstore.schema import COMMIT_BATCH_LIMIT, MAX_NODES
+from client import ServiceClient
+from client.operations import iter_attempts
+from client.reports import Reports
+from tests.builders import commit_body, declare
+from tests.conftest import service_settings
+from tests.live import LiveService, wait_for
+
+
+def post_batch(http: httpx.Client, job: str, commits: list[dict]) -> httpx.Response:
+    return http.post(f"/v1/jobs/{job}/checkpoints/batch", json={"commits": commits})
+
+
+def test_a_batch_answers_each_commit_as_it_would_alone(service, job_name):
+    root = service.storage
+    with service.client() as http:
+        declare(http, root, job_name, ["n0", "n1"])
+        for _ in range(2):
+            assert http.post(f"/v1/jobs/{job_name}/nodes/n0/attempts", json={}).status_code == 201  # n0 is at attempt 2
+        good = commit_body(root, job_name, "n0", 0, attempt=2)
+        commits = [
+            {"node": "n0", **good},
+            {"node": "n0", **good},
+            {"node": "n0", **good, "bytes": 999},
+            {"node": "n0", **commit_body(root, job_name, "n0", 1, attempt=1)},
+            {"node": "n1", **commit_body(root, job_name, "n1", 0), "location": f"{root}/elsewhere"},
+            {"node": "n1", **commit_body(root, job_name, "n1", 0)},
+        ]
+        response = post_batch(http, job_name, commits)
+        assert response.status_code == 200, response.text
+        outcomes = response.json()
+        assert [o["status"] for o in outcomes] == [201, 200, 409, 409, 422, 201]
+        assert [o["error"]["error"] for o in outcomes if o.get("error")] == ["conflict", "fenced", "invalid"]
+        assert outcomes[0]["record"]["attempt"] == "2" and outcomes[5]["record"]["node"] == "n1"
+        records = http.get(f"/v1/jobs/{job_name}/checkpoints").json()
+        assert sorted((r["node"], r["epoch"], r["attempt"], r["bytes"]) for r in records) == [
+            ("n0", 0, "2", 100),
+            ("n1", 0, "1", 100),
+        ], "the refused commits changed nothing"
+        assert http.get(f"/v1/jobs/{job_name}/last-good-epoch").json()["epoch"] == 0
+
+        too_many = [{"node": "n1", **commit_body(root, job_name, "n1", e)} for e in range(COMMIT_BATCH_LIMIT + 1)]
+        for bad in ([], too_many, [{"node": "../x", **commit_body(root, job_name, "n1", 5)}]):
+            assert post_batch(http, job_name, bad).status_code == 422
+        assert post_batch(http, "no-such-job", commits[:1]).json()[0]["status"] == 404
+        assert len(http.get(f"/v1/jobs/{job_name}/checkpoints").json()) == 2, "nothing recorded by refused batches"
+
+
+class CountingTransport(httpx.HTTPTransport):
+    """Loopback HTTP that remembers each answered request (method, path, body)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.answered: list[tuple[str, str, bytes]] = []
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        response = super().handle_request(request)
+        self.answered.append((request.method, request.url.path, request.content))
+        return response
+
+
+def test_commits_queued_during_an_outage_are_reposted_in_one_request(tmp_path):
+    settings = service_settings(str(tmp_path), f"sqlite:///{tmp_path}/svc.db")
+    live = LiveService(settings)
+    store = Store(settings.default_storage)
+    job = "outage-batch"
+    with live.client() as http:
+        declare(http, settings.default_storage, job, ["n0"])
+    live.stop()
+    transport = CountingTransport()
+    client = ServiceClient(live.url, transport=transport, retries=1, backoff=0.01)
+    retention_runs: list[int] = []
+    reports = Reports(client, job, "n0", on_fenced=lambda: None, retention=lambda: retention_runs.append(1))
+    for epoch in range(5):
+        ref = store.save(job, "n0", epoch, {"w": np.full(8, epoch, np.float32)}, attempt=1)
+        reports.commit(ref, "durable", {"loss": 1.0 / (epoch + 1)})
+    assert not reports.drain(), "the service is down: the commits wait"
+    assert reports.pending_commits == 5
+    live = LiveService(settings, port=live.port)
+    try:
+        assert reports.drain() and reports.pending_commits == 0
+        batches = [json.loads(body) for method, path, body in transport.answered if path.endswith("/checkpoints/batch")]
+        assert [len(b["commits"]) for b in batches] == [5], "one request carried every queued commit"
+        assert not [p for _, p, _ in transport.answered if re.search(r"/nodes/n0/checkpoints$", p)]
+        assert retention_runs == [1], "the retention step ran once, after the commits"
+        with live.client() as http:
+            records = http.get(f"/v1/jobs/{job}/checkpoints").json()
+            assert [(r["epoch"], r["metrics"]["loss"]) for r in records] == [(e, 1.0 / (e + 1)) for e in range(5)]
+    finally:
+        reports.close()
+        client.close()
+        live.stop()
+
+
+def test_a_4096_node_job_registers_commits_and_pages(sqlite_service, job_name):
+    nodes = [f"w{i:04d}" for i in range(MAX_NODES)]
+    root = sqlite_service.storage
+    with sqlite_service.client() as http, ServiceClient(sqlite_service.live.url) as client:
+        declare(http, root, job_name, nodes)
+
+        def register(node: str) -> str:
+            return client.start_attempt(job_name, node)
+
+        with concurrent.futures.ThreadPoolExecutor(32) as pool:
+            assert set(pool.map(register, nodes)) == {"1"}
+        attempts = list(iter_attempts(client, job_name))
+        assert sorted(a.node for a in attempts) == nodes, "every registration listed once, across pages"
+        assert len(client.list_attempts(job_name, limit=10, offset=4090)) == 6
+        for bad in ({"limit": 0}, {"limit": 10_001}, {"offset": -1}):
+            assert http.get(f"/v1/jobs/{job_name}/attempts", params=bad).status_code == 422
+
+        bodies = [{"node": n, **commit_body(root, job_name, n, 0)} for n in nodes]
+        chunks = [bodies[i : i + COMMIT_BATCH_LIMIT] for i in range(0, len(bodies), COMMIT_BATCH_LIMIT)]
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            answers = [o["status"] for r in pool.map(lambda c: post_batch(http, job_name, c), chunks) for o in r.json()]
+        assert answers == [201] * MAX_NODES
+        wait_for(lambda: http.get(f"/v1/jobs/{job_name}/last-good-epoch").json()["epoch"] == 0, what="last good")
+        page = http.get(f"/v1/jobs/{job_name}/checkpoints", params={"limit": 1000, "offset": 4000}).json()
+        assert [r["node"] for r in page] == nodes[4000:]
+
+
+@pytest.fixture
+def big_job(sqlite_service, job_name):
+    """A 100-node job: epoch 0 intact everywhere; at epoch 1 one node's copy is corrupt and one node
+    has nothing yet."""
+    nodes = [f"w{i:03d}" for i in range(100)]
+    root = sqlite_service.storage
+    with sqlite_service.client() as http:
+        declare(http, root, job_name, nodes)
+        epoch0 = [{"node": n, **commit_body(root, job_name, n, 0)} for n in nodes]
+        epoch1 = [{"node": n, **commit_body(root, job_name, n, 1)} for n in nodes if n != "w042"]
+        for batch in (epoch0, epoch1):
+            assert {o["status"] for o in post_batch(http, job_name, batch).json()} == {201}
+        mark = {"epoch": 1, "state": "corrupt", "reason": "crc32c mismatch"}
+        assert http.post(f"/v1/jobs/{job_name}/nodes/w007/checkpoints/mark", json=mark).status_code == 200
+    return sqlite_service, job_name
+
+
+def test_the_page_of_a_large_job_counts_per_position_and_names_the_laggards(big_job):
+    service, job = big_job
+    with service.client() as http:
+        page = http.get(f"/ui/jobs/{job}").text
+    assert 'class="grid"' not in page, "no 100-row grid"
+    rows = dict(re.findall(r'<tr class="[^"]*" data-position="(\d+)" data-intact="(\d+)" data-absent="\d+"', page))
+    assert rows == {"1": "98", "0": "100"}
+    epoch1 = re.search(r'data-position="1".*?</tr>', page, re.S).group(0)
+    assert re.findall(r'<td class="num[^"]*">(\d+)', epoch1)[:4] == ["100", "98", "1", "0"]
+    assert "w042" in epoch1, "the node with nothing yet is named"
+    assert "2 nodes behind the newest position" in page
+    laggards = re.search(r'<table class="laggards">.*?</table>', page, re.S).group(0)
+    assert re.findall(r'<tr data-node="(w\d+)">', laggards) == ["w007", "w042"]
+    assert re.search(r"100 nodes; not ok: 100", page), "no node reported health: all listed as not ok, counted"

@@ -1,0 +1,265 @@
+"""PyTorch Distributed Checkpoint (DCP) on ckptstore: a `StorageWriter` and a `StorageReader` that
+keep DCP's planning and resharding and put the bytes in ckptstore's layout.
+
+    writer = CkptstoreWriter(storage="s3://ckpt/jobs", job="lm", epoch=3, service="http://…")
+    torch.distributed.checkpoint.save(state_dict, storage_writer=writer)
+    reader = CkptstoreReader(storage="s3://ckpt/jobs", job="lm")          # the last good position
+    torch.distributed.checkpoint.load(state_dict, storage_reader=reader)
+
+Every rank is a node (`node-<rank>`) and commits its items as one checkpoint (safetensors shards,
+CRC32C, manifest last) at the position; rank 0 (the coordinator) commits its own items together
+with DCP's metadata once every rank has written, so a position whose metadata is readable had every
+rank's part committed first. With a service, each rank registers an attempt (fencing a zombie) and
+records its commit; the position becomes good once every rank's is in. Loading reads only the
+byte ranges the plan needs, verified, from the attempts the metadata names; DCP reshards to any
+number of ranks. A rank's part that fails verification is never loaded: the load raises, and with
+a service that copy is marked, so loading again resumes from the previous good position. DCP's metadata is a pickle, as in DCP's own FileSystemReader: load only from
+storage you trust.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch.distributed.checkpoint import (
+    LoadPlan,
+    LoadPlanner,
+    Metadata,
+    SavePlan,
+    SavePlanner,
+    StorageReader,
+    StorageWriter,
+)
+from torch.distributed.checkpoint.planner import LoadItemType, WriteItemType
+from torch.distributed.checkpoint.storage import WriteResult
+from torch.futures import Future
+
+from ckptstore import CheckpointRef, Position, Store
+from ckptstore.errors import CheckpointNotFoundError, CorruptCheckpointError
+from ckptstore.schema import MarkState
+from client.service import ServiceClient
+from client.torch.state import BITS, host_array
+
+__all__ = ["CkptstoreWriter", "CkptstoreReader", "METADATA_KEY"]
+
+METADATA_KEY = "dcp/metadata"
+COORDINATOR = "node-0"
+
+
+@dataclass(frozen=True)
+class _Stored:
+    """Where one DCP item lies: the node's checkpoint (attempt) and the array's name in it."""
+
+    node: str
+    attempt: str
+    key: str
+    dtype: str | None  # the torch dtype of a tensor (None: bytes)
+
+
+def _rank() -> tuple[int, int]:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+class CkptstoreWriter(StorageWriter):
+    """Writes one DCP checkpoint at (epoch, batch) of `job` under `storage` (see module docstring)."""
+
+    def __init__(
+        self,
+        storage: str,
+        job: str,
+        epoch: int,
+        *,
+        batch: int | None = None,
+        service: str | list[str] | None = None,
+        storage_options: dict[str, Any] | None = None,
+    ):
+        super().__init__()
+        self.store = Store(storage, storage_options=storage_options)
+        self.job, self.position = job, Position(epoch, batch)
+        self.client = ServiceClient(service) if service else None
+        self.rank, self.world = _rank()
+        self.node = f"node-{self.rank}"
+        self.attempt = ""
+        self._held: dict[str, np.ndarray] = {}  # the coordinator's items, committed with the metadata
+
+    def reset(self, checkpoint_id: Any = None) -> None:
+        self._held = {}
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:
+        return checkpoint_id is None
+
+    def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        self.is_coordinator = is_coordinator
+        if self.client is not None:
+            nodes = [f"node-{r}" for r in range(self.world)]
+            try:
+                self.client.get_job(self.job)
+            except CheckpointNotFoundError:
+                self.client.put_job(self.job, nodes, storage_root=self.store.url)
+            self.attempt = self.client.start_attempt(self.job, self.node)
+        else:
+            self.attempt = self.store.next_attempt(self.job, self.node)
+
+    def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
+        return plan
+
+    def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
+        return plans
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+        arrays: dict[str, np.ndarray] = {}
+        results = []
+        for number, item in enumerate(plan.items):
+            data = planner.resolve_data(item)
+            key = f"dcp/{number:06d}"
+            if item.type == WriteItemType.BYTE_IO:
+                assert isinstance(data, io.BytesIO)
+                arrays[key] = np.frombuffer(data.getvalue(), np.uint8).copy()
+                dtype = None
+            else:
+                assert isinstance(data, torch.Tensor)
+                arrays[key] = host_array(data).copy()
+                dtype = str(data.dtype).removeprefix("torch.")
+            stored = _Stored(self.node, self.attempt, key, dtype)
+            results.append(WriteResult(index=item.index, size_in_bytes=arrays[key].nbytes, storage_data=stored))
+        if self.is_coordinator:
+            self._held = arrays  # committed in `finish`, with the metadata, after every rank's part
+        else:
+            self._commit(arrays)
+        future: Future[list[WriteResult]] = Future()
+        future.set_result(results)
+        return future
+
+    def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+        metadata.storage_data = {result.index: result.storage_data for rank in results for result in rank}
+        self._held[METADATA_KEY] = np.frombuffer(pickle.dumps(metadata), np.uint8).copy()
+        self._commit(self._held)
+        self._held = {}
+
+    def _commit(self, arrays: dict[str, np.ndarray]) -> CheckpointRef:
+        ref = self.store.save(
+            self.job,
+            self.node,
+            self.position.epoch,
+            arrays,
+            batch=self.position.batch,
+            attempt=self.attempt,
+            metadata={"format": "torch.distributed.checkpoint", "ranks": self.world},
+        )
+        if self.client is not None:
+            self.client.commit(ref)
+        return ref
+
+    def storage_meta(self) -> Any:
+        return None
+
+
+class CkptstoreReader(StorageReader):
+    """Reads a DCP checkpoint of `job`: at (epoch, batch), or the last good position (the service's
+    resume position; without a service, the newest position whose metadata was committed)."""
+
+    def __init__(
+        self,
+        storage: str,
+        job: str,
+        epoch: int | None = None,
+        *,
+        batch: int | None = None,
+        service: str | list[str] | None = None,
+        storage_options: dict[str, Any] | None = None,
+    ):
+        super().__init__()
+        self.store = Store(storage, storage_options=storage_options)
+        self.job = job
+        self.client = ServiceClient(service) if service else None
+        self.position = None if epoch is None else Position(epoch, batch)
+        self.metadata: Metadata | None = None
+
+    def reset(self, checkpoint_id: Any = None) -> None:
+        self.metadata = None
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:
+        return checkpoint_id is None
+
+    def _resume_position(self) -> Position:
+        if self.client is not None:
+            resume = self.client.last_good_epoch(self.job).resume
+            if resume is None:
+                raise CheckpointNotFoundError(f"job {self.job!r} has no good position yet")
+            return resume.to_position()
+        positions = self.store.list_positions(self.job, COORDINATOR)
+        if not positions:
+            raise CheckpointNotFoundError(f"no DCP checkpoint of job {self.job!r} under {self.store.url}")
+        return max(positions)
+
+    def read_metadata(self) -> Metadata:
+        if self.position is None:
+            self.position = self._resume_position()
+        arrays = self.store.load(
+            self.job, COORDINATOR, self.position.epoch, batch=self.position.batch, names=[METADATA_KEY]
+        )
+        self.metadata = pickle.loads(arrays[METADATA_KEY].tobytes())
+        return self.metadata
+
+    def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        self.metadata = metadata
+
+    def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
+        return plan
+
+    def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
+        return plans
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        assert self.metadata is not None and self.position is not None, "read_metadata runs first"
+        storage = self.metadata.storage_data
+        by_checkpoint: dict[tuple[str, str], list[Any]] = defaultdict(list)
+        for item in plan.items:
+            stored: _Stored = storage[item.storage_index]
+            by_checkpoint[(stored.node, stored.attempt)].append((item, stored))
+        for (node, attempt), items in by_checkpoint.items():
+            arrays = self._load(node, attempt, sorted({stored.key for _, stored in items}))
+            for item, stored in items:
+                array = arrays[stored.key]
+                if item.type == LoadItemType.BYTE_IO:
+                    planner.load_bytes(item, io.BytesIO(array.tobytes()))
+                    continue
+                tensor = torch.from_numpy(np.array(array))
+                dtype = getattr(torch, stored.dtype or "uint8")
+                if dtype in BITS:
+                    tensor = tensor.view(dtype)
+                for dim, (offset, length) in enumerate(zip(item.storage_offsets, item.lengths, strict=True)):
+                    tensor = tensor.narrow(dim, offset, length)
+                target = planner.resolve_tensor(item).detach()
+                target.copy_(tensor)
+                planner.commit_tensor(item, target)
+        future: Future[None] = Future()
+        future.set_result(None)
+        return future
+
+    def _load(self, node: str, attempt: str, names: list[str]) -> dict[str, np.ndarray]:
+        """The named arrays of one rank's checkpoint, verified. A copy that fails verification or
+        is gone is marked in the service, so the next load resumes from the previous good position."""
+        assert self.position is not None
+        try:
+            return self.store.load(
+                self.job, node, self.position.epoch, batch=self.position.batch, attempt=attempt, names=names
+            )
+        except (CorruptCheckpointError, CheckpointNotFoundError) as exc:
+            if self.client is None:
+                raise
+            state: MarkState = "corrupt" if isinstance(exc, CorruptCheckpointError) else "missing"
+            self.client.mark(self.job, node, self.position, state, attempt=attempt, reason=str(exc))
+            raise type(exc)(f"{exc} (marked {state}: the next load resumes from the previous good position)") from exc

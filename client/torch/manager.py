@@ -1,0 +1,120 @@
+"""`CheckpointManager` for PyTorch training loops: the same store, service, tiers, async saves,
+fencing and SIGTERM handling as the TensorFlow manager (client/manager.py), for anything with
+`state_dict()` / `load_state_dict()` plus the random number generators.
+
+mgr = CheckpointManager(storage=..., service=..., job="lm",
+                        objects={"model": model, "optimizer": opt, "scheduler": sched, "sampler": sampler})
+start = mgr.restore_or_initialize()
+for epoch in range(start, EPOCHS):
+    for batch, (x, y) in enumerate(loader, start=mgr.first_batch(epoch)):
+        ...
+        mgr.save(epoch, batch=batch + 1)          # mid-epoch, whenever you like
+    mgr.save(epoch)
+
+Under torch.distributed the node is the rank. With `replicated=True` (DDP: every rank holds the
+same state) rank 0 writes and every rank restores rank 0's checkpoint; with `replicated=False`
+every rank writes its own part and a position is good once every rank committed it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from client.identity import NodeIdentity
+from client.manager import LoopManager
+from client.options import CheckpointOptions
+from client.state import snapshot_arrays
+from client.torch.state import flatten, rng_state, set_rng_state, unflatten
+
+__all__ = ["CheckpointManager", "distributed_identity"]
+
+STATE_KEY = "torch_state"
+RNG = "rng"
+
+
+def distributed_identity(replicated: bool) -> NodeIdentity | None:
+    """This rank's identity under an initialised torch.distributed (None outside one)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if replicated:
+        return NodeIdentity(
+            f"node-{rank}", rank == 0, "torch.distributed", checkpoint_node="node-0", shared_restore=world > 1
+        )
+    return NodeIdentity(f"node-{rank}", True, "torch.distributed")
+
+
+class CheckpointManager(LoopManager):
+    """Save and restore `objects` (each with `state_dict` / `load_state_dict`) and the RNG states.
+
+    Options are `CheckpointOptions`' (storage, service, job, node, max_to_keep, async_save, …).
+    `replicated` matters under torch.distributed only (see the module docstring).
+    """
+
+    def __init__(
+        self,
+        *,
+        objects: Mapping[str, Any],
+        options: CheckpointOptions | None = None,
+        replicated: bool = True,
+        **settings: Any,
+    ):
+        for name, obj in objects.items():
+            if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
+                raise TypeError(f"objects[{name!r}] has no state_dict/load_state_dict")
+            if name == RNG:
+                raise ValueError(f"{RNG!r} is the name of the saved random number generators: use another")
+        options = options if options is not None else CheckpointOptions.resolve(**settings)
+        identity = distributed_identity(replicated)
+        if identity is not None:
+            world = _world_size()
+            nodes = ["node-0"] if replicated else [f"node-{rank}" for rank in range(world)]
+            options = dataclasses.replace(options, nodes=options.nodes or nodes)
+        super().__init__(options=options, identity=identity)
+        self.objects = dict(objects)
+        self._staging: dict[str, np.ndarray] = {}
+
+    def _capture(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        views: dict[str, np.ndarray] = {}
+        tree = {name: flatten(obj.state_dict(), name, views) for name, obj in self.objects.items()}
+        tree[RNG] = flatten(rng_state(), RNG, views)
+        return snapshot_arrays(views, self._staging), {STATE_KEY: json.dumps(tree)}
+
+    def _apply(self, arrays: Mapping[str, np.ndarray], metadata: Mapping[str, Any]) -> None:
+        if STATE_KEY not in metadata:
+            raise ValueError("this checkpoint was not written by client.torch.CheckpointManager")
+        tree = json.loads(metadata[STATE_KEY])
+        missing = sorted(set(self.objects) - set(tree))
+        if missing and self.options.strict:
+            raise ValueError(f"the checkpoint has no state for {missing} (strict=False restores the rest)")
+        for name, obj in self.objects.items():
+            if name in tree:
+                obj.load_state_dict(unflatten(tree[name], arrays))
+        set_rng_state(unflatten(tree[RNG], arrays))
+
+    def _started(self) -> None:
+        """Every rank must resume from the same position: checked across ranks when distributed."""
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            return
+        positions: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(positions, self.resume_position)
+        if len(set(positions)) != 1:
+            raise RuntimeError(f"ranks resumed from different positions: {positions}")
+
+    def __enter__(self) -> CheckpointManager:
+        return self
+
+
+def _world_size() -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size()

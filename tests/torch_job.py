@@ -1,0 +1,141 @@
+"""A small deterministic PyTorch training job for the interruption tests (run as a subprocess).
+
+    python -m tests.torch_job --storage ROOT --job J --out FINAL.npz [--service URL]
+                              [--loader plain|stateful] [--kill-epoch E --kill-batch B]
+                              [--per-rank [--die-before-save-epoch E --die-before-save-batch B]]
+
+Dropout, AdamW, a per-batch LR scheduler and a loader shuffled by ckptstore's ResumableSampler (the
+plain DataLoader, or torchdata's StatefulDataLoader with worker processes); saves every 3 batches and at each epoch's
+end. Under RANK/WORLD_SIZE it joins a gloo process group: by default a DDP job (replicated state),
+with --per-rank every rank trains its own model on its own data. --kill-* SIGKILLs the process before
+training that batch (after the save in flight is committed). Prints `RESUMED <epoch> <batch>` or
+`FRESH` first; writes every parameter, optimizer and scheduler value to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+
+import numpy as np
+import torch
+from torch import nn
+
+EPOCHS, SAMPLES, BATCH, SAVE_EVERY = 3, 96, 8, 3  # 12 batches per epoch
+
+
+def data(rank: int) -> torch.utils.data.TensorDataset:
+    generator = torch.Generator().manual_seed(100 + rank)
+    x = torch.randn(SAMPLES, 16, generator=generator)
+    return torch.utils.data.TensorDataset(x, x.sum(dim=1, keepdim=True) * 0.1)
+
+
+def loader(kind: str, dataset: torch.utils.data.Dataset, seed: int):
+    """The plain DataLoader, or torchdata's StatefulDataLoader with two worker processes; both draw
+    their order from ckptstore's ResumableSampler. Each loader has a generator of its own: without
+    one, each epoch's iterator draws a seed from the global RNG, a draw that a mid-epoch resume
+    (which restores the RNG as of the save) would not replay."""
+    from client.torch import ResumableSampler
+
+    sampler = ResumableSampler(dataset, seed=seed)
+    if kind == "stateful":
+        from torchdata.stateful_dataloader import StatefulDataLoader
+
+        return StatefulDataLoader(
+            dataset, batch_size=BATCH, sampler=sampler, generator=torch.Generator(), num_workers=2
+        )
+    return torch.utils.data.DataLoader(dataset, batch_size=BATCH, sampler=sampler, generator=torch.Generator())
+
+
+def final_state(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler) -> dict[str, np.ndarray]:
+    state = {f"model/{k}": v.detach().numpy().copy() for k, v in model.state_dict().items()}
+    for index, slots in optimizer.state_dict()["state"].items():
+        for name, value in slots.items():
+            state[f"optimizer/{index}/{name}"] = torch.as_tensor(value).numpy().copy()
+    state["scheduler"] = np.frombuffer(json.dumps(scheduler.state_dict(), sort_keys=True).encode(), np.uint8)
+    return state
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--storage", required=True)
+    parser.add_argument("--job", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--service", default=None)
+    parser.add_argument("--endpoint", default=None, help="S3 endpoint (moto)")
+    parser.add_argument("--loader", choices=["plain", "stateful"], default="plain")
+    parser.add_argument("--kill-epoch", type=int, default=None)
+    parser.add_argument("--kill-batch", type=int, default=None)
+    parser.add_argument("--per-rank", action="store_true")
+    parser.add_argument("--die-before-save-epoch", type=int, default=None)
+    parser.add_argument("--die-before-save-batch", type=int, default=None)
+    args = parser.parse_args()
+
+    import torch.distributed as dist
+
+    distributed = "WORLD_SIZE" in os.environ
+    if distributed:
+        dist.init_process_group("gloo")
+    rank = dist.get_rank() if distributed else 0
+    torch.manual_seed(0 if not args.per_rank else rank)
+    torch.use_deterministic_algorithms(True)
+    model: nn.Module = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Dropout(0.3), nn.Linear(32, 1))
+    if distributed and not args.per_rank:
+        model = nn.parallel.DistributedDataParallel(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=5, gamma=0.9)
+    batches = loader(args.loader, data(rank if args.per_rank else 0), seed=7)
+    storage_options = {"endpoint_url": args.endpoint} if args.endpoint else {}
+
+    from client.torch import CheckpointManager
+
+    objects = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "data": batches}
+    if args.loader == "plain":
+        objects["data"] = batches.sampler
+    manager = CheckpointManager(
+        objects=objects,
+        storage=args.storage,
+        service=args.service,
+        job=args.job,
+        storage_options=storage_options,
+        replicated=not args.per_rank,
+        max_to_keep=None,
+    )
+    start = manager.restore_or_initialize()
+    resumed = manager.resume_position
+    print("FRESH" if resumed is None else f"RESUMED {resumed.epoch} {resumed.batch}", flush=True)
+    for epoch in range(start, EPOCHS):
+        model.train()
+        for batch, (x, y) in enumerate(batches, start=manager.first_batch(epoch)):
+            if (epoch, batch) == (args.kill_epoch, args.kill_batch):
+                manager.wait()
+                os.kill(os.getpid(), signal.SIGKILL)
+            optimizer.zero_grad()
+            loss = nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            optimizer.step()
+            scheduler.step()
+            if distributed and args.per_rank:
+                dist.barrier()  # the ranks of a job step together (as their collectives would make them)
+            if (batch + 1) % SAVE_EVERY == 0 and batch + 1 < SAMPLES // BATCH:
+                if (epoch, batch + 1) == (args.die_before_save_epoch, args.die_before_save_batch):
+                    if rank == 1:
+                        manager.wait()  # what it saved before is in; this position it never commits
+                        os.kill(os.getpid(), signal.SIGKILL)
+                    manager.save(epoch, batch=batch + 1)
+                    manager.wait()
+                    os.kill(os.getpid(), signal.SIGKILL)  # rank 0 committed its part, then the job is lost
+                manager.save(epoch, batch=batch + 1)
+        manager.save(epoch)
+    manager.wait()
+    manager.close()
+    plain = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+    np.savez(args.out, **final_state(plain, optimizer, scheduler))
+    if distributed:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

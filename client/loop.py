@@ -24,9 +24,9 @@ from client.state import (
     RestoreReport,
     collect_variables,
     describe,
+    host_views,
     prepare_staging,
     restore_arrays,
-    snapshot,
     staging_layout,
 )
 
@@ -66,7 +66,6 @@ class CheckpointManager(LoopManager):
         super().__init__(options=options, **settings)
         self.objects = dict(objects)
         self.restore_report: RestoreReport | None = None
-        self._staging: dict[str, np.ndarray] = {}
         self._staging_warm_up: threading.Thread | None = None
 
     def _apply(self, arrays: Mapping[str, np.ndarray], metadata: Mapping[str, Any]) -> None:
@@ -91,7 +90,7 @@ class CheckpointManager(LoopManager):
             self._staging_warm_up.join()
             self._staging_warm_up = None
         variables = collect_variables(self.objects)
-        return snapshot(variables, self._staging), {"variables": describe(variables)}
+        return host_views(variables), {"variables": describe(variables)}
 
     def __enter__(self) -> CheckpointManager:
         return self

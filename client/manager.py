@@ -15,6 +15,7 @@ from client.identity import NodeIdentity
 from client.node import NodeCheckpointer
 from client.options import CheckpointOptions
 from client.preemption import PreemptionNotice
+from client.state import snapshot_arrays
 
 __all__ = ["LoopManager"]
 
@@ -33,12 +34,13 @@ class LoopManager:
         self.checkpointer = NodeCheckpointer(self.options, identity=identity)
         self.resume_position: Position | None = None
         self.preemption = PreemptionNotice(self.options.preemption_budget_s)
+        self._staging: dict[str, np.ndarray] = {}  # host buffers an async save writes from, reused
 
     # -- what a framework manager provides ------------------------------------------------------
 
     def _capture(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        """The state as named host arrays (a snapshot the save may write later) and the manifest
-        metadata that describes them."""
+        """The state as named host arrays — views of the live values where the framework allows —
+        and the manifest metadata that describes them."""
         raise NotImplementedError
 
     def _apply(self, arrays: Mapping[str, np.ndarray], metadata: Mapping[str, Any]) -> None:
@@ -89,7 +91,10 @@ class LoopManager:
         if not self.checkpointer.writes:
             return
         self.checkpointer.wait_for_write()  # the staging buffers are free once the previous write is done
-        arrays, described = self._capture()
+        views, described = self._capture()
+        # An async save writes while training goes on: from a copy. A synchronous one is written
+        # before training can change anything: straight from the views (a copy of the state saved).
+        arrays = snapshot_arrays(views, self._staging) if self.checkpointer.async_save else views
         self.checkpointer.save(
             Position(epoch, batch), arrays, step=step, metrics=metrics, metadata={**described, **(metadata or {})}
         )

@@ -33,7 +33,7 @@ __all__ = [
     "restore_arrays",
     "staging_layout",
     "prepare_staging",
-    "snapshot",
+    "host_views",
     "snapshot_arrays",
 ]
 
@@ -222,7 +222,7 @@ def _parallel_copy(tasks: list[tuple[np.ndarray, np.ndarray]]) -> None:
 
 
 def staging_layout(variables: Mapping[str, Any]) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
-    """Key → (shape, dtype) of the host buffers `snapshot` will need (variables of fully known shape)."""
+    """Key → (shape, dtype) of the host buffers `snapshot_arrays` will need (variables of fully known shape)."""
     layout = {key: (tuple(variable.shape), _dtype(variable)) for key, variable in variables.items()}
     return {key: (shape, dtype) for key, (shape, dtype) in layout.items() if None not in shape}
 
@@ -244,16 +244,15 @@ def prepare_staging(layout: Mapping[str, tuple[tuple[int, ...], np.dtype]], stag
         _staging_buffer(staging, key, shape, dtype)
 
 
-def snapshot(variables: Mapping[str, Any], staging: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Copy every variable into host buffers reused across saves (one copy, spread over threads).
-
-    The caller must not snapshot again before the save that uses these buffers is done.
-    """
-    return snapshot_arrays({key: _host_view(variable) for key, variable in variables.items()}, staging)
+def host_views(variables: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """Every variable's current value as a host array (a view, not a copy, where TF allows it)."""
+    return {key: _host_view(variable) for key, variable in variables.items()}
 
 
 def snapshot_arrays(views: Mapping[str, np.ndarray], staging: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Copy host arrays (views of live training state) into the staging buffers, as `snapshot` does."""
+    """Copy host arrays (views of live training state) into host buffers reused across saves (one
+    copy, spread over threads). The caller must not snapshot again before the save that uses these
+    buffers is done."""
     arrays: dict[str, np.ndarray] = {}
     tasks: list[tuple[np.ndarray, np.ndarray]] = []
     for key, view in views.items():

@@ -28,7 +28,6 @@ import numpy as np
 from client.identity import NodeIdentity
 from client.manager import LoopManager
 from client.options import CheckpointOptions
-from client.state import snapshot_arrays
 from client.torch.state import flatten, rng_state, set_rng_state, unflatten
 
 __all__ = ["CheckpointManager", "distributed_identity"]
@@ -79,13 +78,12 @@ class CheckpointManager(LoopManager):
             options = dataclasses.replace(options, nodes=options.nodes or nodes)
         super().__init__(options=options, identity=identity)
         self.objects = dict(objects)
-        self._staging: dict[str, np.ndarray] = {}
 
     def _capture(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         views: dict[str, np.ndarray] = {}
         tree = {name: flatten(obj.state_dict(), name, views) for name, obj in self.objects.items()}
         tree[RNG] = flatten(rng_state(), RNG, views)
-        return snapshot_arrays(views, self._staging), {STATE_KEY: json.dumps(tree)}
+        return views, {STATE_KEY: json.dumps(tree)}
 
     def _apply(self, arrays: Mapping[str, np.ndarray], metadata: Mapping[str, Any]) -> None:
         if STATE_KEY not in metadata:

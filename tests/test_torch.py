@@ -6,8 +6,10 @@ state tree round-tripping Python values exactly."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import signal
 import subprocess
 import sys
 import uuid
@@ -29,19 +31,25 @@ def run_job(
     tmp_path, *args: str, killed: bool = False, env: dict | None = None, module: str = "tests.torch_job"
 ) -> str:
     out = tmp_path / f"final-{uuid.uuid4().hex[:6]}.npz"
-    result = subprocess.run(
+    process = subprocess.Popen(
         [sys.executable, "-m", module, *args, "--out", str(out)],
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=300,
         cwd=ROOT,
         env=os.environ | (env or {}),
+        start_new_session=True,
     )
+    try:
+        stdout, stderr = process.communicate(timeout=300)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)  # data loader workers a SIGKILLed job leaves behind
     if killed:
-        assert result.returncode == -9, result.stderr[-3000:]
-        return result.stdout
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result.stdout + f"OUT {out}\n"
+        assert process.returncode == -9, stderr[-3000:]
+        return stdout
+    assert process.returncode == 0, stderr[-3000:]
+    return stdout + f"OUT {out}\n"
 
 
 def final(stdout: str) -> dict[str, np.ndarray]:

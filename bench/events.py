@@ -123,14 +123,11 @@ def measure(kind: str, subscribers: int, duration: int) -> dict:
                 assert crowd.stdout is not None and crowd.stdout.readline().startswith("READY")
                 asyncio.run(warm_up(port, 1000))
                 watched = throughput(port, root, duration, salt=3)
-                received = 0
-                for line in crowd.stdout:
-                    if line.startswith("RECEIVED"):
-                        received = int(line.split()[1])
-                        break
             finally:
                 crowd.terminate()
-                crowd.wait()
+                remaining, _ = crowd.communicate()
+            counts = [int(line.split()[1]) for line in remaining.splitlines() if line.startswith("RECEIVED")]
+            received = counts[-1] if counts else 0  # the subscribers' running total, as last printed
             latency = asyncio.run(commit_to_event(port, root))
         return {
             "without_subscribers": alone,

@@ -123,13 +123,15 @@ class CkptstoreWriter(StorageWriter):
         for number, item in enumerate(plan.items):
             data = planner.resolve_data(item)
             key = f"dcp/{number:06d}"
+            # Views, not copies: `dcp.save` blocks until `finish` (and `dcp.async_save` hands the writer
+            # a staged copy of its own), so nothing changes the tensors while they are written.
             if item.type == WriteItemType.BYTE_IO:
                 assert isinstance(data, io.BytesIO)
-                arrays[key] = np.frombuffer(data.getvalue(), np.uint8).copy()
+                arrays[key] = np.frombuffer(data.getvalue(), np.uint8)
                 dtype = None
             else:
                 assert isinstance(data, torch.Tensor)
-                arrays[key] = host_array(data).copy()
+                arrays[key] = host_array(data)
                 dtype = str(data.dtype).removeprefix("torch.")
             stored = _Stored(self.node, self.attempt, key, dtype)
             results.append(WriteResult(index=item.index, size_in_bytes=arrays[key].nbytes, storage_data=stored))
@@ -143,7 +145,7 @@ class CkptstoreWriter(StorageWriter):
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         metadata.storage_data = {result.index: result.storage_data for rank in results for result in rank}
-        self._held[METADATA_KEY] = np.frombuffer(pickle.dumps(metadata), np.uint8).copy()
+        self._held[METADATA_KEY] = np.frombuffer(pickle.dumps(metadata), np.uint8)
         self._commit(self._held)
         self._held = {}
 

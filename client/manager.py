@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from ckptstore import Position
+from ckptstore import Position, tracing
 from client.identity import NodeIdentity
 from client.node import NodeCheckpointer
 from client.options import CheckpointOptions
@@ -63,7 +63,11 @@ class LoopManager:
         restored = self.checkpointer.restored
         self.checkpointer.restored = None  # the arrays are applied below; their buffers can go afterwards
         if restored is not None:
-            self._apply(restored.checkpoint.arrays, restored.checkpoint.manifest.metadata)
+            checkpoint = restored.checkpoint
+            with tracing.span(
+                "ckptstore.restore.assign", **self._where(restored.copy.position), bytes=checkpoint.manifest.total_bytes
+            ):
+                self._apply(checkpoint.arrays, checkpoint.manifest.metadata)
         self._started()
         position = self.resume_position
         if position is None:
@@ -91,13 +95,19 @@ class LoopManager:
         if not self.checkpointer.writes:
             return
         self.checkpointer.wait_for_write()  # the staging buffers are free once the previous write is done
-        views, described = self._capture()
-        # An async save writes while training goes on: from a copy. A synchronous one is written
-        # before training can change anything: straight from the views (a copy of the state saved).
-        arrays = snapshot_arrays(views, self._staging) if self.checkpointer.async_save else views
+        with tracing.span("ckptstore.snapshot", **self._where(Position(epoch, batch))) as span:
+            views, described = self._capture()
+            # An async save writes while training goes on: from a copy. A synchronous one is written
+            # before training can change anything: straight from the views (a copy of the state saved).
+            arrays = snapshot_arrays(views, self._staging) if self.checkpointer.async_save else views
+            tracing.set_attributes(span, bytes=sum(a.nbytes for a in arrays.values()))
         self.checkpointer.save(
             Position(epoch, batch), arrays, step=step, metrics=metrics, metadata={**described, **(metadata or {})}
         )
+
+    def _where(self, position: Position) -> dict[str, str]:
+        """A span's attributes that say which checkpoint it is about."""
+        return {"job": self.checkpointer.job, "node": self.checkpointer.node, "position": str(position)}
 
     def checkpoint_if_preempted(self, epoch: int, batch: int) -> None:
         """Call between batches: after a SIGTERM, save (epoch, batch) and exit as SIGTERM would."""

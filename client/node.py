@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from ckptstore import CheckpointRef, Position, Store
+from ckptstore import CheckpointRef, Position, Store, tracing
 from ckptstore.copies import Restored
 from ckptstore.errors import (
     CheckpointNotFoundError,
@@ -131,7 +131,12 @@ class NodeCheckpointer:
             attempt=self.attempt if self.writes else None,
             timeout_s=self.options.restore_timeout_s,
         )
-        self.restored = restorer.restore()
+        with tracing.span("ckptstore.restore.read", job=self.job, node=self.node) as span:
+            self.restored = restorer.restore()
+            if self.restored is not None:
+                copy = self.restored.copy
+                nbytes = self.restored.checkpoint.manifest.total_bytes
+                tracing.set_attributes(span, position=str(copy.position), tier=copy.tier, bytes=nbytes)
         if self.restored is not None:
             nbytes = self.restored.checkpoint.manifest.total_bytes
             self.reports.stats("restore", time.perf_counter() - started, nbytes)
@@ -219,9 +224,11 @@ class NodeCheckpointer:
         if not self.writes:
             return
         finite = _finite(metrics or {})
+        caller = tracing.capture()  # the write's span continues the caller's trace on the writer thread
 
         def write() -> None:
-            self._write(position, arrays, step, dict(metadata or {}), finite)
+            with tracing.attached(caller):
+                self._write(position, arrays, step, dict(metadata or {}), finite)
 
         if self._writer is None:
             self._guarded(write)
@@ -276,14 +283,16 @@ class NodeCheckpointer:
     ) -> None:
         started = time.perf_counter()
         tier, store = self._first_tier()
-        try:
-            ref = self._save_to(store, position, arrays, step, metadata | {"metrics": metrics})
-        except StorageUnavailableError as exc:
-            if tier != "local":
-                raise
-            log.warning("the local tier failed (%s): saving %s straight to the durable tier", exc, position)
-            tier, store = "durable", self.store
-            ref = self._save_to(store, position, arrays, step, metadata | {"metrics": metrics})
+        with tracing.span("ckptstore.write", job=self.job, node=self.node, position=str(position)) as span:
+            try:
+                ref = self._save_to(store, position, arrays, step, metadata | {"metrics": metrics})
+            except StorageUnavailableError as exc:
+                if tier != "local":
+                    raise
+                log.warning("the local tier failed (%s): saving %s straight to the durable tier", exc, position)
+                tier, store = "durable", self.store
+                ref = self._save_to(store, position, arrays, step, metadata | {"metrics": metrics})
+            tracing.set_attributes(span, bytes=ref.bytes, tier=tier)
         self.saved.append(position)
         self.reports.saved()
         self.reports.stats("save", time.perf_counter() - started, ref.bytes)

@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ckptstore import CheckpointRef, Position, Store
+from ckptstore import CheckpointRef, Position, Store, tracing
 from ckptstore.errors import CheckpointNotFoundError, CorruptCheckpointError, StorageUnavailableError
 from client.background import RetryingQueue
 
@@ -104,15 +104,17 @@ class Replicator:
                 return  # already durable (queued twice, or replicated before a restart)
             except CheckpointNotFoundError:
                 pass  # an uncommitted leftover of an interrupted replication: copy_from replaces it
-        ref = self.durable.copy_from(
-            self.local,
-            self.job,
-            self.node,
-            copy.position.epoch,
-            batch=copy.position.batch,
-            attempt=copy.attempt,
-            verify="sizes",
-        )
+        with tracing.span("ckptstore.replicate", job=self.job, node=self.node, position=str(position)) as span:
+            ref = self.durable.copy_from(
+                self.local,
+                self.job,
+                self.node,
+                copy.position.epoch,
+                batch=copy.position.batch,
+                attempt=copy.attempt,
+                verify="sizes",
+            )
+            tracing.set_attributes(span, bytes=ref.bytes)
         self._on_replicated(ref)
 
     def _dropped(self, copy: LocalCopy | _Scan, error: Exception) -> None:

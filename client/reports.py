@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ckptstore import AccessReport, CheckpointRef, Position
+from ckptstore import AccessReport, CheckpointRef, Position, tracing
 from ckptstore.errors import CheckpointNotFoundError, FencedError, ServiceUnavailableError
 from ckptstore.names import Tier
 from ckptstore.schema import MarkState, StatsAction
@@ -79,7 +79,8 @@ class Reports:
         """Commits and retention steps in a row: the commits in one batch, then one retention step."""
         assert self.client is not None  # nothing is queued without a client
         commits = [r.commit for r in run if r.commit is not None]
-        answers = iter(self.client.commit_many(self.job, commits) if commits else [])
+        with tracing.span("ckptstore.commit", job=self.job, node=self.node, commits=len(commits)):
+            answers = iter(self.client.commit_many(self.job, commits) if commits else [])
         failures: list[Exception | None] = [
             _failure(next(answers)) if report.commit is not None else None for report in run
         ]

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import httpx
 from pydantic import BaseModel
 
+from ckptstore import tracing
 from ckptstore.errors import (
     ServiceUnavailableError,
 )
@@ -134,9 +135,11 @@ class ServiceClient:
     def _request(self, method: str, path: str, *, body: BaseModel | None = None, **kwargs: Any) -> httpx.Response:
         """One request, retried on connection errors and 5xx; `body` is sent as the model's JSON.
         Returns a successful response; raises the typed error of a refusal."""
+        headers = kwargs["headers"] = dict(kwargs.get("headers") or {})
         if body is not None:
             kwargs["content"] = body.model_dump_json(exclude_unset=True)
-            kwargs["headers"] = {"content-type": "application/json"}
+            headers["content-type"] = "application/json"
+        tracing.inject(headers)  # the service's span for this request joins the caller's trace
         error: Exception | None = None
         for attempt in range(self.retries):
             for _ in self.urls:  # each service URL in turn, from the one that answered last

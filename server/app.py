@@ -16,6 +16,7 @@ from fastapi.responses import HTMLResponse, Response
 from sqlalchemy.exc import IntegrityError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ckptstore import tracing
 from server.answers import AnswerCache
 from server.auth import LoginRequired, NotYourJob, TokenAuth
 from server.batching import WriteBatcher
@@ -137,6 +138,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     app.add_middleware(RequestGuard, allowed_hosts=settings.accepted_hosts)
     app.add_middleware(RequestMetrics)
+    if tracing.enabled():  # outermost: a span for every request, in the trace its traceparent names
+        from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
+
+        app.add_middleware(OpenTelemetryMiddleware)
     return app
 
 

@@ -10,7 +10,6 @@ cold (page cache dropped). Orders alternate per repetition. Reports medians and 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import shutil
@@ -22,7 +21,7 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from bench.save_restore import PAGE, drop_caches  # noqa: E402
+from bench.save_restore import PAGE, drop_caches, report  # noqa: E402
 from bench.service import extract  # noqa: E402
 
 CHILD = """
@@ -91,11 +90,7 @@ def main() -> None:
         "rows": rows,
         "this_tree_vs_previous": {op: previous[op]["median_s"] / current[op]["median_s"] for op in ("save", "load")},
     }
-    text = json.dumps(results, indent=1)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as handle:
-            handle.write(text)
+    report(results, args.out)
 
 
 if __name__ == "__main__":

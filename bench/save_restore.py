@@ -86,6 +86,15 @@ class PeakRss:
         self.extra = self.peak - self.start
 
 
+def report(results: dict, out: str | None) -> None:
+    """Print the results as JSON, and write them to `out` too when given."""
+    text = json.dumps(results, indent=1)
+    print(text)
+    if out:
+        with open(out, "w") as handle:
+            handle.write(text)
+
+
 def fsync_tree(path: str) -> None:
     for directory, _, files in os.walk(path):
         for name in files:
@@ -364,11 +373,7 @@ def main() -> None:
         finally:
             process.terminate()
             process.wait()
-    text = json.dumps(results, indent=1)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as handle:
-            handle.write(text)
+    report(results, args.out)
 
 
 if __name__ == "__main__":

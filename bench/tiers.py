@@ -35,7 +35,7 @@ os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from bench.save_restore import PAGE, PeakRss, drop_caches, model_like, start_moto  # noqa: E402
+from bench.save_restore import PAGE, PeakRss, drop_caches, model_like, report, start_moto  # noqa: E402
 from ckptstore import Store  # noqa: E402
 from ckptstore.storage import UPLOAD_PART_SIZE  # noqa: E402
 from ckptstore.store import DEFAULT_CONCURRENCY, DEFAULT_SHARD_SIZE  # noqa: E402
@@ -260,11 +260,7 @@ def main() -> None:
         results["restore_local"] = restore_local(args.gib, max(args.reps, 5))
     if "keras-restore" not in args.skip:
         results["keras_restore"] = keras_restore(args.gib, args.reps, args.previous)
-    text = json.dumps(results, indent=1)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as handle:
-            handle.write(text)
+    report(results, args.out)
 
 
 if __name__ == "__main__":

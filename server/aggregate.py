@@ -129,18 +129,23 @@ def _name_absent_nodes(
     return [replaced.get(c.position, c) for c in counts]
 
 
-def laggards(session: Session, job: Job, newest: Position | None) -> tuple[list[Laggard], int]:
-    """The slowest expected nodes (no intact copy at all first, then the oldest newest copy), the first
-    SHOWN_NODES of them, and how many nodes are behind `newest` in all."""
-    if newest is None:
-        return [], 0
-    newest_epochs = dict(
+def newest_epochs_by_node(session: Session, job: Job) -> dict[str, int]:
+    """Each node's newest epoch with a committed copy (nodes with none are absent)."""
+    return dict(
         session.execute(
             select(Checkpoint.node, func.max(Checkpoint.epoch))
             .where(Checkpoint.job_id == job.id, Checkpoint.state == "committed")
             .group_by(Checkpoint.node)
         ).all()
     )
+
+
+def laggards(session: Session, job: Job, newest: Position | None) -> tuple[list[Laggard], int]:
+    """The slowest expected nodes (no intact copy at all first, then the oldest newest copy), the first
+    SHOWN_NODES of them, and how many nodes are behind `newest` in all."""
+    if newest is None:
+        return [], 0
+    newest_epochs = newest_epochs_by_node(session, job)
     behind = [
         Laggard(node, newest_epochs.get(node))
         for node in expected_nodes(session, job)

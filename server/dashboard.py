@@ -14,7 +14,15 @@ from sqlalchemy.orm import Session
 
 from ckptstore.position import Position
 from ckptstore.schema import NodeHealth
-from server.aggregate import AGGREGATE_NODES, SHOWN_NODES, Laggard, PositionCounts, laggards, position_counts
+from server.aggregate import (
+    AGGREGATE_NODES,
+    SHOWN_NODES,
+    Laggard,
+    PositionCounts,
+    laggards,
+    newest_epochs_by_node,
+    position_counts,
+)
 from server.last_good import expected_nodes, parts_at
 from server.models import Attempt, Checkpoint, Health, Job, PositionRow, Stat
 from server.telemetry import job_health
@@ -114,13 +122,7 @@ def jobs_overview(
     summaries = []
     for job in jobs[:JOBS_PER_PAGE]:
         nodes = expected_nodes(session, job)
-        newest_epochs = dict(
-            session.execute(
-                select(Checkpoint.node, func.max(Checkpoint.epoch))
-                .where(Checkpoint.job_id == job.id, Checkpoint.state == "committed")
-                .group_by(Checkpoint.node)
-            ).all()
-        )
+        newest_epochs = newest_epochs_by_node(session, job)
         newest = _newest_position(session, job)
         lag, slowest = None, None
         if newest is not None:

@@ -100,7 +100,8 @@ class LoopManager:
             # An async save writes while training goes on: from a copy. A synchronous one is written
             # before training can change anything: straight from the views (a copy of the state saved).
             arrays = snapshot_arrays(views, self._staging) if self.checkpointer.async_save else views
-            tracing.set_attributes(span, bytes=sum(a.nbytes for a in arrays.values()))
+            if span is not None:  # tracing on: the sum costs a pass over every array otherwise
+                tracing.set_attributes(span, bytes=sum(a.nbytes for a in arrays.values()))
         self.checkpointer.save(
             Position(epoch, batch), arrays, step=step, metrics=metrics, metadata={**described, **(metadata or {})}
         )

@@ -67,9 +67,12 @@ class NoIntactCopyError(CheckpointNotFoundError):
         self.skipped = skipped
 
 
-def read_nearest_intact(tiers: Mapping[Tier, Store], job: str, node: str, position: Position) -> Restored:
+def read_nearest_intact(
+    tiers: Mapping[Tier, Store], job: str, node: str, position: Position, *, deferred: bool = False
+) -> Restored:
     """The nearest intact copy of `node`'s checkpoint at `position`: tiers in `TIERS` order, newest
-    attempt first within a tier, every byte verified before it is returned.
+    attempt first within a tier, every byte verified before it is returned (`deferred`: see
+    `Store.read_attempt`).
 
     Raises NoIntactCopyError (a CheckpointNotFoundError) naming every copy tried when none verifies.
     """
@@ -87,7 +90,9 @@ def read_nearest_intact(tiers: Mapping[Tier, Store], job: str, node: str, positi
                 store.location(job, node, position.epoch, attempt=attempt, batch=position.batch),
             )
             try:
-                loaded = store.read_attempt(job, node, position.epoch, attempt=attempt, batch=position.batch)
+                loaded = store.read_attempt(
+                    job, node, position.epoch, attempt=attempt, batch=position.batch, deferred=deferred
+                )
             except CorruptCheckpointError as exc:
                 skipped.append(Skipped(copy, "missing" if exc.missing else "corrupt", str(exc)))
                 continue

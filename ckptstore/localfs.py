@@ -24,6 +24,7 @@ __all__ = [
     "fsync_path",
     "fsync_directories",
     "read_whole",
+    "read_buffered",
     "iter_file",
     "walk_files",
     "escapes",
@@ -91,16 +92,20 @@ def fsync_directories(path: str, up_to: int = 0) -> None:
 
 
 def read_whole(path: str) -> np.ndarray:
-    """A whole file in one buffer: O_DIRECT where possible (no page-cache copy), else buffered reads
-    into an ALIGN-aligned buffer."""
+    """A whole file in one new buffer: O_DIRECT where possible (no page-cache copy), else buffered."""
     direct = read_direct(path)
-    if direct is not None:
-        return direct
+    return direct if direct is not None else read_buffered(path)
+
+
+def read_buffered(path: str, buffer: np.ndarray | None = None) -> np.ndarray:
+    """A whole file read through the page cache into `buffer` (grown to an ALIGN-aligned one when
+    it is too small); the bytes stay cached for a second read."""
     with open(path, "rb", buffering=0) as handle:
         size = os.fstat(handle.fileno()).st_size
         if hasattr(os, "posix_fadvise"):
             os.posix_fadvise(handle.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
-        buffer = aligned_empty(size)
+        if buffer is None or buffer.size < size:
+            buffer = aligned_empty(size)
         view = buffer.data
         filled = 0
         # Moderate chunks keep readahead streaming; one huge read measured ~40 % slower cold.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -60,7 +61,7 @@ class CheckpointInfo:
 class LoadedCheckpoint:
     """A checkpoint read and verified: its arrays, its manifest, and where it was read from."""
 
-    arrays: dict[str, np.ndarray] = field(repr=False)
+    arrays: Mapping[str, np.ndarray] = field(repr=False)
     manifest: Manifest = field(repr=False)
     location: str
 

@@ -21,6 +21,7 @@ import numpy as np
 
 from ckptstore import listing
 from ckptstore.commit import commit_checkpoint, copy_checkpoint
+from ckptstore.deferred import read_deferred
 from ckptstore.errors import CheckpointNotFoundError, CommitConflictError, CorruptCheckpointError, InvalidNameError
 from ckptstore.layout import MANIFEST_NAME, PROBE_DIR, checkpoint_key, normalize_root, position_key
 from ckptstore.manifest import Manifest, ManifestError, parse_manifest
@@ -59,6 +60,11 @@ class Store:
 
     def __repr__(self) -> str:
         return f"Store({self.url!r})"
+
+    @property
+    def is_local(self) -> bool:
+        """Whether the root is on a local filesystem (reads can go straight to where the bytes belong)."""
+        return self._storage.is_local
 
     def location(self, job: str, node: str, epoch: int, *, attempt: str | int, batch: int | None = None) -> str:
         """The full location of a checkpoint prefix (what the service expects in a commit)."""
@@ -189,7 +195,7 @@ class Store:
         `names` reads only those tensors' byte ranges. `attempt=None` takes the newest attempt
         that verifies (an older one only if the newest is corrupt, with a warning).
         """
-        return self.read(job, node, epoch, batch=batch, attempt=attempt, names=names).arrays
+        return dict(self.read(job, node, epoch, batch=batch, attempt=attempt, names=names).arrays)
 
     def read(
         self,
@@ -227,9 +233,10 @@ class Store:
         return listing.stored_attempts(self._storage, job, node, Position(epoch, batch))
 
     def read_attempt(
-        self, job: str, node: str, epoch: int, *, attempt: str, batch: int | None = None
+        self, job: str, node: str, epoch: int, *, attempt: str, batch: int | None = None, deferred: bool = False
     ) -> LoadedCheckpoint:
-        """One attempt's checkpoint, verified, with no fallback.
+        """One attempt's checkpoint, verified, with no fallback; `deferred`: its tensors are read when
+        used (`ckptstore.deferred`: straight into a model's memory) where the store is local.
 
         Raises CheckpointNotFoundError when the prefix holds no manifest (not committed), and
         CorruptCheckpointError when its manifest or its bytes do not verify.
@@ -247,7 +254,8 @@ class Store:
             raise CorruptCheckpointError(
                 f"the manifest of {location} does not verify: {exc}", location=location, file=MANIFEST_NAME
             ) from None
-        arrays = read_verified(self._storage, key, manifest, location=location, concurrency=self.concurrency)
+        read = read_deferred if deferred else read_verified
+        arrays = read(self._storage, key, manifest, location=location, concurrency=self.concurrency)
         return LoadedCheckpoint(arrays, manifest, location)
 
     def manifest(

@@ -22,7 +22,7 @@ from ckptstore.storage import Buffer, Storage
 if TYPE_CHECKING:  # types only: the manifest module needs `checksum` from here at run time
     from ckptstore.manifest import Manifest, ShardRecord, TensorRecord
 
-__all__ = ["checksum", "format_crc", "Problem", "shard_problem", "scan_shards", "read_verified"]
+__all__ = ["checksum", "format_crc", "Problem", "shard_problem", "scan_shards", "raise_first", "read_verified"]
 
 
 def checksum(data: Buffer | memoryview, value: int = 0) -> int:
@@ -98,7 +98,7 @@ def scan_shards(
             raise _Defect(problem)
         return blob if keep else b""
 
-    results = storage.read_objects(list(shards), concurrency=concurrency, check=check)
+    results = storage.read_objects(list(shards), concurrency=concurrency, check=check, transient=not keep)
     problems: list[Problem] = []
     blobs: dict[str, Buffer] = {}
     read = 0
@@ -116,6 +116,15 @@ def scan_shards(
     return problems, (blobs if keep and not problems else {}), read
 
 
+def raise_first(problems: Sequence[Problem], location: str) -> None:
+    """Raise CorruptCheckpointError for the first problem found in the copy at `location`, if any."""
+    if problems:
+        first = problems[0]
+        raise CorruptCheckpointError(
+            f"{first.detail} in {location}", location=location, file=first.file, missing=first.state == "missing"
+        )
+
+
 def read_verified(
     storage: Storage,
     key: str,
@@ -129,11 +138,7 @@ def read_verified(
     if names is not None:
         return _read_named(storage, key, manifest, location, names)
     problems, blobs, _ = scan_shards(storage, key, manifest, concurrency=concurrency, keep=True)
-    if problems:
-        first = problems[0]
-        raise CorruptCheckpointError(
-            f"{first.detail} in {location}", location=location, file=first.file, missing=first.state == "missing"
-        )
+    raise_first(problems, location)
     buffers = [blobs[shard.file] for shard in manifest.shards]
     return {t.name: as_array(buffers[t.shard], t, t.begin) for t in manifest.tensors}
 

@@ -81,7 +81,7 @@ class Restorer:
             if position in failed:
                 raise CkptStoreError(f"the service still answers {position} after {self.node}'s part was marked bad")
             try:
-                restored = read_nearest_intact(self.tiers, self.job, self.node, position)
+                restored = read_nearest_intact(self.tiers, self.job, self.node, position, deferred=True)
             except NoIntactCopyError as exc:
                 self._mark(client, position, exc.skipped, whole_part=True)
                 failed.add(position)
@@ -178,7 +178,7 @@ class Restorer:
         positions = sorted(found, reverse=True)
         for position in positions:
             try:
-                restored = read_nearest_intact(self.tiers, self.job, self.node, position)
+                restored = read_nearest_intact(self.tiers, self.job, self.node, position, deferred=True)
             except NoIntactCopyError as exc:
                 self.skipped.extend(exc.skipped)
                 continue

@@ -9,6 +9,7 @@ dropout layers, which an exact resume needs.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import mmap
 import os
@@ -21,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from ckptstore.deferred import VerifiedTensors
 from ckptstore.shard import ALIGN
 
 log = logging.getLogger("ckptstore.client")
@@ -107,28 +109,59 @@ def restore_arrays(
     for key, variable in variables.items():
         if key.split("/", 1)[0] in changed:
             continue
-        array = arrays.get(key)
-        if array is None:
+        if key not in arrays:
             report.missing.append(f"{key} ({_path(variable)})")
             continue
         want_shape, want_dtype = tuple(variable.shape), _dtype(variable)
-        if tuple(array.shape) != want_shape or array.dtype != want_dtype:
+        shape, dtype = _spec(arrays, key)
+        if shape != want_shape or dtype != want_dtype:
             was = (saved or {}).get(key, {}).get("path", "?")
             report.mismatched.append(
                 f"{key}: variable {_path(variable)} is {want_shape} {want_dtype}, "
-                f"checkpoint has {tuple(array.shape)} {array.dtype} (saved from {was})"
+                f"checkpoint has {shape} {dtype} (saved from {was})"
             )
             continue
-        plan.append((key, variable, array))
+        plan.append((key, variable))
     report.unexpected = sorted(k for k in set(arrays) - set(variables) if k.split("/", 1)[0] not in changed)
     if strict and (changed or not report.complete):
         problems = report.notes + report.mismatched + [f"missing in checkpoint: {m}" for m in report.missing]
         problems += [f"not in the model: {u}" for u in report.unexpected]
         raise StateMismatchError("checkpoint does not fit: " + "; ".join(problems[:10]))
-    for key, variable, array in plan:
-        variable.assign(_adopted(array))
+    deferred = arrays if isinstance(arrays, VerifiedTensors) else None
+    in_place: dict[str, np.ndarray] = {}
+    for key, variable in plan:
+        target = _own_memory(variable) if deferred is not None else None
+        if target is not None:
+            in_place[key] = target
+        else:
+            variable.assign(_adopted(arrays[key]))
         report.restored.append(key)
+    if deferred is not None and in_place:
+        deferred.read_into(in_place)
     return report
+
+
+def _spec(arrays: Mapping[str, np.ndarray], key: str) -> tuple[tuple[int, ...], np.dtype]:
+    """(shape, dtype) of a checkpoint array, without reading a deferred one."""
+    if isinstance(arrays, VerifiedTensors):
+        return arrays.spec(key)
+    array = arrays[key]
+    return tuple(array.shape), array.dtype
+
+
+def _own_memory(variable: Any) -> np.ndarray | None:
+    """A writable byte array over the variable's own host memory, so a restore writes its value
+    there instead of into new memory (3 GiB of fresh pages cost ~1.8 s to fault in here): only for
+    TensorFlow and PyTorch tensors whose host view is the variable's memory (two reads give one
+    address; a copy from a GPU, or TensorFlow's copy-on-read, would not). None elsewhere (JAX
+    arrays are immutable): the caller assigns."""
+    first, second = _live_tensor(variable), _live_tensor(variable)
+    if type(first).__module__.split(".", 1)[0] not in ("tensorflow", "torch"):
+        return None
+    view, again = np.asarray(first), np.asarray(second)
+    if view.ctypes.data != again.ctypes.data or not view.flags.c_contiguous or view.nbytes == 0:
+        return None
+    return np.ctypeslib.as_array((ctypes.c_uint8 * view.nbytes).from_address(view.ctypes.data))
 
 
 _ADOPTABLE = {np.dtype(t) for t in ("float64", "float32", "float16", "int64", "int32", "int16", "int8", "uint8")}
@@ -168,7 +201,7 @@ def _changed_objects(
     for name in sorted({key.split("/", 1)[0] for key in variables}):
         now = [key for key in variables if key.startswith(name + "/")]
         then = [key for key in arrays if key.startswith(name + "/")]
-        then_owner, then_slots = _kind([(str(saved.get(k, {}).get("path", "")), tuple(arrays[k].shape)) for k in then])
+        then_owner, then_slots = _kind([(str(saved.get(k, {}).get("path", "")), _spec(arrays, k)[0]) for k in then])
         now_owner, now_slots = _kind([(_path(variables[k]), tuple(variables[k].shape)) for k in now])
         if len(now) == len(then):
             if saved and then_owner != now_owner and "?" not in (then_owner, now_owner):
@@ -187,15 +220,20 @@ def _changed_objects(
     return changed
 
 
-def _host_view(variable: Any) -> np.ndarray:
-    """The variable's current value as a host array, without an extra copy where TF allows it."""
+def _live_tensor(variable: Any) -> Any:
+    """The framework tensor holding the variable's current value (the variable itself where none)."""
     value = getattr(variable, "value", None)
     tensor = value() if callable(value) else value
     if tensor is not None and hasattr(tensor, "read_value"):  # a Keras variable wrapping a tf.Variable
         tensor = tensor.read_value()
     if tensor is not None and hasattr(tensor, "detach"):  # Keras on PyTorch: a parameter that needs grad
         tensor = tensor.detach().cpu()
-    return np.asarray(tensor if tensor is not None else variable)
+    return tensor if tensor is not None else variable
+
+
+def _host_view(variable: Any) -> np.ndarray:
+    """The variable's current value as a host array, without an extra copy where TF allows it."""
+    return np.asarray(_live_tensor(variable))
 
 
 _COPY_CHUNK = 16 << 20

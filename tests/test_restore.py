@@ -11,6 +11,7 @@ import pytest
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 keras = pytest.importorskip("keras")
 
+from ckptstore.errors import CorruptCheckpointError  # noqa: E402
 from client.loop import CheckpointManager  # noqa: E402
 from client.state import StateMismatchError  # noqa: E402
 
@@ -72,3 +73,41 @@ def test_half_precision_variables_round_trip(tmp_path, dtype):
     assert manager(tmp_path, f"half-{dtype}", restored).restore_or_initialize() == 1
     for a, b in zip(saved.variables + saved.optimizer.variables, restored.variables + restored.optimizer.variables):
         assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+
+
+def test_a_local_restore_writes_into_the_variables_own_memory_bit_exact(tmp_path):
+    saved = model(64)
+    with manager(tmp_path, "inplace", saved) as mgr:
+        mgr.restore_or_initialize()
+        mgr.save(0)
+    expected = [v.numpy() for v in saved.variables + saved.optimizer.variables]
+    fresh = model(64)
+
+    def addresses() -> list[int]:  # of the buffers the variables hold (EagerTensor.numpy() would copy)
+        return [np.asarray(v.value.read_value()).ctypes.data for v in fresh.variables]
+
+    before = addresses()
+    assert manager(tmp_path, "inplace", fresh).restore_or_initialize() == 1
+    restored = [v.numpy() for v in fresh.variables + fresh.optimizer.variables]
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(expected, restored))
+    assert addresses() == before  # written into the variables' memory: no new buffers
+
+
+def test_bytes_that_change_after_verification_are_refused(tmp_path):
+    from ckptstore import Store
+    from ckptstore.deferred import VerifiedTensors
+
+    store = Store(str(tmp_path))
+    arrays = {"w": np.arange(1 << 16, dtype="float32"), "b": np.ones(3, "float32")}
+    ref = store.save("job", "n0", 0, arrays, attempt="1")
+    loaded = store.read_attempt("job", "n0", 0, attempt="1", deferred=True)
+    assert isinstance(loaded.arrays, VerifiedTensors)
+    assert loaded.arrays.spec("w") == ((1 << 16,), np.dtype("float32"))
+    np.testing.assert_array_equal(loaded.arrays["b"], arrays["b"])
+    shard = os.path.join(ref.location, ref.manifest.shards[0].file)
+    with open(shard, "r+b") as handle:  # rewritten underneath, after the copy verified
+        handle.seek(-8, os.SEEK_END)
+        handle.write(b"\xff" * 8)
+    targets = {name: np.zeros_like(a) for name, a in arrays.items()}
+    with pytest.raises(CorruptCheckpointError, match="changed after it was verified"):
+        loaded.arrays.read_into(targets)

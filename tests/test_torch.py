@@ -247,3 +247,75 @@ def test_state_trees_round_trip_python_values_exactly():
     assert back["nested"]["np"].dtype == np.int16 and back["npscalar"] == np.float32(1.5)
     with pytest.raises(TypeError, match=r"x\['bad'\]: object values"):
         flatten({"bad": object()}, "x", {})
+
+
+def _trained(seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.randn(8, 32)).square().mean().backward()
+    optimizer.step()
+    return model, optimizer
+
+
+@pytest.mark.parametrize("stepped", [True, False], ids=["stepped-optimizer", "fresh-optimizer"])
+def test_a_local_restore_writes_into_the_live_tensors_exactly(stepped, tmp_path, monkeypatch):
+    from ckptstore.deferred import VerifiedTensors
+    from client.torch import CheckpointManager
+
+    model, optimizer = _trained(0)
+    objects = {"model": model, "optimizer": optimizer}
+    with CheckpointManager(storage=str(tmp_path), job="inplace", node="n0", objects=objects, async_save=False) as mgr:
+        mgr.restore_or_initialize()
+        mgr.save(0)
+    if stepped:
+        fresh, fresh_optimizer = _trained(1)  # same structure, other values: restored in place
+    else:
+        fresh = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+        fresh_optimizer = torch.optim.AdamW(fresh.parameters(), lr=1e-3)  # no state yet: loaded from new tensors
+    read_in_place: list[str] = []
+    original = VerifiedTensors.read_into
+    monkeypatch.setattr(
+        VerifiedTensors, "read_into", lambda self, targets: read_in_place.extend(targets) or original(self, targets)
+    )
+    objects = {"model": fresh, "optimizer": fresh_optimizer}
+    with CheckpointManager(storage=str(tmp_path), job="inplace", node="n0", objects=objects, async_save=False) as mgr:
+        assert mgr.restore_or_initialize() == 1
+    # The model always goes in place; the optimizer only once it has state of the saved structure.
+    assert {key.split("/")[0] for key in read_in_place} == ({"model", "optimizer"} if stepped else {"model"})
+    for saved, restored in zip(model.state_dict().values(), fresh.state_dict().values()):
+        assert torch.equal(saved, restored)
+    saved_state, restored_state = optimizer.state_dict()["state"], fresh_optimizer.state_dict()["state"]
+    assert saved_state.keys() == restored_state.keys()
+    for index, slots in saved_state.items():
+        for slot, value in slots.items():
+            assert torch.equal(value, restored_state[index][slot]), (index, slot)
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_dcp_loads_a_local_copy_straight_into_the_state_tensors(tmp_path, monkeypatch):
+    import torch.distributed.checkpoint as dcp
+
+    from ckptstore.deferred import VerifiedTensors
+    from client.torch.dcp import CkptstoreReader, CkptstoreWriter
+
+    saved = {
+        "w": torch.randn(64, 32),
+        "half": torch.randn(16).to(torch.bfloat16),
+        "step": torch.tensor(7),
+        "extra": {"note": "kept"},
+    }
+    dcp.save(saved, storage_writer=CkptstoreWriter(str(tmp_path), "dcp1", 0))
+    read_in_place: list[str] = []
+    original = VerifiedTensors.read_into
+    monkeypatch.setattr(
+        VerifiedTensors, "read_into", lambda self, targets: read_in_place.extend(targets) or original(self, targets)
+    )
+    target = {"w": torch.zeros(64, 32), "half": torch.zeros(16, dtype=torch.bfloat16), "step": torch.tensor(0)}
+    target["extra"] = {"note": ""}
+    pointer = target["w"].data_ptr()
+    dcp.load(target, storage_reader=CkptstoreReader(str(tmp_path), "dcp1"))
+    assert target["w"].data_ptr() == pointer and torch.equal(target["w"], saved["w"])
+    assert torch.equal(target["half"], saved["half"]) and int(target["step"]) == 7
+    assert target["extra"] == {"note": "kept"}
+    assert len(read_in_place) >= 2  # the tensors went straight into the state's memory

@@ -22,6 +22,7 @@ from __future__ import annotations
 import io
 import pickle
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +42,7 @@ from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
 from ckptstore import CheckpointRef, Position, Store
+from ckptstore.deferred import VerifiedTensors
 from ckptstore.errors import CheckpointNotFoundError, CorruptCheckpointError
 from ckptstore.schema import MarkState
 from client.service import ServiceClient
@@ -60,6 +62,20 @@ class _Stored:
     attempt: str
     key: str
     dtype: str | None  # the torch dtype of a tensor (None: bytes)
+
+
+def _whole_tensor_view(
+    arrays: Mapping[str, np.ndarray], item: Any, stored: _Stored, target: torch.Tensor
+) -> np.ndarray | None:
+    """The target's memory as bytes, where a whole stored tensor can be read straight into it: a
+    verified local copy, the item covering the stored tensor, a contiguous CPU target of its shape and dtype."""
+    if not isinstance(arrays, VerifiedTensors) or any(item.storage_offsets):
+        return None
+    shape, dtype = arrays.spec(stored.key)
+    if tuple(item.lengths) != shape or target.device.type != "cpu" or not target.is_contiguous():
+        return None
+    view = host_array(target)  # a view of the target's memory (bfloat16 and float8 as integers, as stored)
+    return view if view.nbytes and view.shape == shape and view.dtype == dtype else None
 
 
 def _rank() -> tuple[int, int]:
@@ -233,32 +249,48 @@ class CkptstoreReader(StorageReader):
             by_checkpoint[(stored.node, stored.attempt)].append((item, stored))
         for (node, attempt), items in by_checkpoint.items():
             arrays = self._load(node, attempt, sorted({stored.key for _, stored in items}))
+            in_place: dict[str, np.ndarray] = {}
+            filled: list[tuple[Any, torch.Tensor]] = []
             for item, stored in items:
-                array = arrays[stored.key]
                 if item.type == LoadItemType.BYTE_IO:
-                    planner.load_bytes(item, io.BytesIO(array.tobytes()))
+                    planner.load_bytes(item, io.BytesIO(arrays[stored.key].tobytes()))
                     continue
-                tensor = torch.from_numpy(np.array(array))
+                target = planner.resolve_tensor(item).detach()
+                view = _whole_tensor_view(arrays, item, stored, target)
+                if view is not None:
+                    in_place[stored.key] = view
+                    filled.append((item, target))
+                    continue
+                tensor = torch.from_numpy(np.array(arrays[stored.key]))
                 dtype = getattr(torch, stored.dtype or "uint8")
                 if dtype in BITS:
                     tensor = tensor.view(dtype)
                 for dim, (offset, length) in enumerate(zip(item.storage_offsets, item.lengths, strict=True)):
                     tensor = tensor.narrow(dim, offset, length)
-                target = planner.resolve_tensor(item).detach()
                 target.copy_(tensor)
+                planner.commit_tensor(item, target)
+            if in_place:
+                assert isinstance(arrays, VerifiedTensors)
+                arrays.read_into(in_place)
+            for item, target in filled:
                 planner.commit_tensor(item, target)
         future: Future[None] = Future()
         future.set_result(None)
         return future
 
-    def _load(self, node: str, attempt: str, names: list[str]) -> dict[str, np.ndarray]:
-        """The named arrays of one rank's checkpoint, verified. A copy that fails verification or
-        is gone is marked in the service, so the next load resumes from the previous good position."""
+    def _load(self, node: str, attempt: str, names: list[str]) -> Mapping[str, np.ndarray]:
+        """The named arrays of one rank's checkpoint, verified: on local disk the whole copy is
+        verified and its tensors read where they go (`VerifiedTensors`); on object stores only the
+        named byte ranges are fetched, each checked. A copy that fails verification or is gone is
+        marked in the service, so the next load resumes from the previous good position."""
         assert self.position is not None
+        epoch, batch = self.position.epoch, self.position.batch
         try:
-            return self.store.load(
-                self.job, node, self.position.epoch, batch=self.position.batch, attempt=attempt, names=names
-            )
+            if self.store.is_local:
+                return self.store.read_attempt(
+                    self.job, node, epoch, batch=batch, attempt=attempt, deferred=True
+                ).arrays
+            return self.store.load(self.job, node, epoch, batch=batch, attempt=attempt, names=names)
         except (CorruptCheckpointError, CheckpointNotFoundError) as exc:
             if self.client is None:
                 raise

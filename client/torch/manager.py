@@ -25,15 +25,36 @@ from typing import Any
 
 import numpy as np
 
+from ckptstore.deferred import VerifiedTensors
 from client.identity import NodeIdentity
 from client.manager import LoopManager
 from client.options import CheckpointOptions
-from client.torch.state import flatten, rng_state, set_rng_state, unflatten
+from client.torch.state import flatten, host_views_are_live, rng_state, set_rng_state, unflatten
 
 __all__ = ["CheckpointManager", "distributed_identity"]
 
 STATE_KEY = "torch_state"
 RNG = "rng"
+
+
+def _in_place(obj: Any, name: str, saved_tree: Any, arrays: Mapping[str, np.ndarray]) -> Any:
+    """`obj`'s own state dict with the checkpoint's values read straight into its tensors' memory,
+    where that can be done exactly: a verified local copy (`VerifiedTensors`), a state of the same
+    structure, names and dtypes as the saved one (a module; an optimizer that has stepped), every
+    tensor contiguous on the CPU. Loading it back is then free (each tensor is copied onto itself). None
+    otherwise: the caller loads from new tensors."""
+    if not isinstance(arrays, VerifiedTensors):
+        return None
+    state = obj.state_dict()
+    if not host_views_are_live(state):
+        return None
+    views: dict[str, np.ndarray] = {}
+    if flatten(state, name, views) != saved_tree:
+        return None
+    if any(arrays.spec(key) != (view.shape, view.dtype) for key, view in views.items()):
+        return None
+    arrays.read_into({key: view for key, view in views.items() if view.nbytes})
+    return state
 
 
 def distributed_identity(replicated: bool) -> NodeIdentity | None:
@@ -94,7 +115,7 @@ class CheckpointManager(LoopManager):
             raise ValueError(f"the checkpoint has no state for {missing} (strict=False restores the rest)")
         for name, obj in self.objects.items():
             if name in tree:
-                obj.load_state_dict(unflatten(tree[name], arrays))
+                obj.load_state_dict(_in_place(obj, name, tree[name], arrays) or unflatten(tree[name], arrays))
         set_rng_state(unflatten(tree[RNG], arrays))
 
     def _started(self) -> None:

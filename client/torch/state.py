@@ -18,7 +18,16 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["flatten", "unflatten", "rng_state", "set_rng_state", "host_array", "BITS", "UnsupportedStateError"]
+__all__ = [
+    "flatten",
+    "unflatten",
+    "rng_state",
+    "set_rng_state",
+    "host_array",
+    "host_views_are_live",
+    "BITS",
+    "UnsupportedStateError",
+]
 
 BITS = {torch.bfloat16: torch.int16, torch.float8_e4m3fn: torch.uint8, torch.float8_e5m2: torch.uint8}
 
@@ -71,6 +80,18 @@ class _Flattener:
                 "__dict__": [[self.walk(k, f"{where} key"), self.walk(v, f"{where}[{k!r}]")] for k, v in tree.items()]
             }
         raise UnsupportedStateError(f"{self.prefix}{where}: {type(tree).__name__} values cannot be saved exactly")
+
+
+def host_views_are_live(tree: Any) -> bool:
+    """Whether `host_array` of every tensor in a (nested) state dict is a view of the tensor's own
+    memory (CPU, strided, contiguous), so writing the view writes the tensor."""
+    if isinstance(tree, torch.Tensor):
+        return tree.device.type == "cpu" and tree.layout == torch.strided and tree.is_contiguous()
+    if isinstance(tree, Mapping):
+        return all(host_views_are_live(v) for v in tree.values())
+    if isinstance(tree, (list, tuple)):
+        return all(host_views_are_live(v) for v in tree)
+    return True
 
 
 def unflatten(tree: Any, arrays: Mapping[str, np.ndarray]) -> Any:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 
 from fastapi import APIRouter
 from sqlalchemy.orm import Session
@@ -16,7 +19,7 @@ from server.errors import COMMON_ERRORS
 from server.last_good import expected_nodes
 
 router = APIRouter(prefix="/v1/jobs/{job}", tags=["health"], responses=COMMON_ERRORS)
-PROBE_TIMEOUT_S = 10.0
+PROBE_TIMEOUT_S = 5.0  # the whole probe, opening the storage included: well inside a client's timeout
 
 
 @router.put("/nodes/{node}/health", response_model=NodeHealth)
@@ -32,11 +35,22 @@ async def report_health(
 
 
 def _probe(root: str) -> ProbeResult:
-    """The service's own cp_accessible probe of a storage root (its credentials, its network)."""
+    """The service's own cp_accessible probe of a storage root (its credentials, its network),
+    answered within PROBE_TIMEOUT_S even when opening the storage hangs (a credentials lookup, an
+    unreachable endpoint)."""
+    started = time.monotonic()
+    pool = ThreadPoolExecutor(max_workers=1)
     try:
-        report = Store(root).accessible(timeout=PROBE_TIMEOUT_S)
+        store = pool.submit(Store, root).result(timeout=PROBE_TIMEOUT_S)
+    except FutureTimeout:
+        return ProbeResult(
+            cp_accessible=False, latency_ms=None, error=f"storage did not open within {PROBE_TIMEOUT_S:g} s"
+        )
     except (StorageUnavailableError, ValueError) as exc:  # no backend package, or a URL fsspec cannot open
         return ProbeResult(cp_accessible=False, latency_ms=None, error=f"cannot open storage: {exc}")
+    finally:
+        pool.shutdown(wait=False)
+    report = store.accessible(timeout=max(0.1, PROBE_TIMEOUT_S - (time.monotonic() - started)))
     return ProbeResult(cp_accessible=report.ok, latency_ms=report.latency_ms, error=report.error)
 
 

@@ -7,7 +7,8 @@ notification connection). A subscriber first registers, then reads its backlog f
 takes live events, skipping ids it has already sent: nothing is missed and nothing is sent twice.
 A subscriber that falls too far behind reads from the log again. Under a stream of commits the
 reader wakes at most every `COALESCE_SECONDS`, each event is encoded once for every subscriber,
-and a subscriber sends whatever queued up since its last send as one chunk.
+each subscriber gets one queue item per wake-up, and sends whatever queued up since its last send
+as one chunk.
 """
 
 from __future__ import annotations
@@ -22,13 +23,14 @@ from ckptstore.events import Event
 from server.db import Database
 from server.events import events_after, newest_event_id, oldest_event_id
 
-__all__ = ["EventHub", "Subscription", "sse_frame", "HEARTBEAT"]
+__all__ = ["EventHub", "Subscription", "Encoded", "sse_frame", "HEARTBEAT"]
 
 log = logging.getLogger("ckptstore.server")
 READ_LIMIT = 500
-QUEUE_LIMIT = 10_000
+QUEUE_LIMIT = 1_000  # reader wake-ups (each a batch of events) a stream may fall behind before it reads the log again
 HEARTBEAT = b": heartbeat\n\n"
-COALESCE_SECONDS = 0.05  # 200 subscribers under 200 commits/s: one read and one send per 50 ms, not per commit
+# 200 subscribers under 300 commits/s: one read and one send per 100 ms, not per commit (bench/RESULTS.md)
+COALESCE_SECONDS = 0.1
 
 
 def sse_frame(event: Event, *, named: bool = True, data: str | None = None) -> bytes:
@@ -44,24 +46,39 @@ def reset_frame(after: int, oldest: int) -> bytes:
     return f"id: {oldest - 1}\nevent: reset\ndata: {data}\n\n".encode()
 
 
+@dataclass(frozen=True)
+class Encoded:
+    """An event with its SSE frames, named and unnamed, encoded once for every subscriber."""
+
+    event: Event
+    named: bytes
+    unnamed: bytes
+
+    @classmethod
+    def of(cls, event: Event) -> Encoded:
+        data = event.model_dump_json()
+        return cls(event, sse_frame(event, data=data), sse_frame(event, named=False, data=data))
+
+
 @dataclass(eq=False)
 class Subscription:
-    """One stream's filter and its queue of live events."""
+    """One stream's filter and its queue of live events (one item per reader wake-up)."""
 
     job: str | None
     types: frozenset[str] | None
-    queue: asyncio.Queue[tuple[Event, str]] = field(default_factory=lambda: asyncio.Queue(QUEUE_LIMIT))
+    queue: asyncio.Queue[list[Encoded]] = field(default_factory=lambda: asyncio.Queue(QUEUE_LIMIT))
     overflowed: bool = False
 
     def matches(self, event: Event) -> bool:
         return (self.job is None or event.job == self.job) and (not self.types or event.type in self.types)
 
-    def offer(self, event: Event, data: str) -> None:
-        """Queue `event` (encoded as `data`) if this stream wants it."""
-        if not self.matches(event):
+    def offer(self, batch: list[Encoded]) -> None:
+        """Queue the events of `batch` this stream wants, as one item."""
+        wanted = batch if self.job is None and not self.types else [e for e in batch if self.matches(e.event)]
+        if not wanted:
             return
         try:
-            self.queue.put_nowait((event, data))
+            self.queue.put_nowait(wanted)
         except asyncio.QueueFull:
             self.overflowed = True
 
@@ -119,11 +136,11 @@ class EventHub:
             except self.db.errors as exc:
                 log.warning("event log unreadable (%s); retrying", type(exc).__name__)
                 continue
-            for event in events:
-                self.read_through = event.id
-                data = event.model_dump_json()
+            if events:
+                self.read_through = events[-1].id
+                batch = [Encoded.of(event) for event in events]
                 for subscriber in self.subscribers:
-                    subscriber.offer(event, data)
+                    subscriber.offer(batch)
             if len(events) == READ_LIMIT:
                 self._wake.set()
             await asyncio.sleep(COALESCE_SECONDS)
@@ -155,10 +172,11 @@ class EventHub:
                     while not subscription.queue.empty():
                         queued.append(subscription.queue.get_nowait())
                     frames = []
-                    for event, data in queued:
-                        if event.id > last:
-                            last = event.id
-                            frames.append(sse_frame(event, named=named, data=data))
+                    for batch in queued:
+                        for encoded in batch:
+                            if encoded.event.id > last:
+                                last = encoded.event.id
+                                frames.append(encoded.named if named else encoded.unnamed)
                     if frames:
                         yield b"".join(frames)
                 subscription.queue = asyncio.Queue(QUEUE_LIMIT)  # fell behind: read the log again

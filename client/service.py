@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import random
 import time
+import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -208,6 +209,7 @@ class ServiceClient:
             "POST",
             self._node_path(job, node) + "/attempts",
             body=AttemptRequest.model_validate(fields),
+            headers={"Idempotency-Key": uuid.uuid4().hex},  # a retry after a lost answer gets the same attempt
             parse=lambda b: AttemptInfo.model_validate(b).attempt,
         )
 

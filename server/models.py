@@ -106,6 +106,8 @@ class Attempt(Base):
     skipped: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list)
     started_at: Mapped[float] = mapped_column(Float)
     resumed_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # the Idempotency-Key of the request that registered it: a retry of that request gets this attempt
+    request_key: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
     @property
     def resumed_from(self) -> Position | None:

@@ -30,11 +30,24 @@ __all__ = ["start_attempt", "attempt_info", "list_attempts", "report_resume", "r
 
 
 def start_attempt(
-    session: Session, job: Job, node: str, resumed_from: Position | None, *, at_least: int | None = None
+    session: Session,
+    job: Job,
+    node: str,
+    resumed_from: Position | None,
+    *,
+    at_least: int | None = None,
+    request_key: str | None = None,
 ) -> Attempt:
     """Number a new process start of `node`: above every attempt seen so far, registered or committed
-    (and at least `at_least`)."""
+    (and at least `at_least`). A request re-sent with the `request_key` of one already answered (a
+    client retrying after a lost answer) gets that attempt again instead of fencing it."""
     require_node(session, job, node)
+    if request_key is not None:
+        answered = session.scalar(
+            select(Attempt).where(Attempt.job_id == job.id, Attempt.node == node, Attempt.request_key == request_key)
+        )
+        if answered is not None:
+            return answered
     registered, committed = session.execute(
         select(
             select(func.max(Attempt.number)).where(Attempt.job_id == job.id, Attempt.node == node).scalar_subquery(),
@@ -52,6 +65,7 @@ def start_attempt(
         number=max(registered or 0, committed or 0, (at_least or 1) - 1) + 1,
         skipped=[],
         started_at=now,
+        request_key=request_key,
     )
     _set_resumed(attempt, resumed_from, now)
     session.add(attempt)

@@ -5,6 +5,9 @@ from __future__ import annotations
 import concurrent.futures
 import itertools
 
+import httpx
+
+from client import ServiceClient
 from tests import builders
 from tests.builders import commit_body
 
@@ -144,6 +147,40 @@ def test_attempts_fencing_idempotency_and_conflicts(service, job_name):
         assert response.status_code == 422 and response.json()["error"] == "invalid"
         third = client.post(f"/v1/jobs/{job_name}/nodes/n0/attempts", json={})
         assert third.status_code == 201 and third.json()["attempt"] == "3"
+
+
+class LosesFirstAnswer(httpx.HTTPTransport):
+    """Loopback HTTP whose first answer is lost after the service acted on the request."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sent = 0
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        response = super().handle_request(request)
+        self.sent += 1
+        if self.sent == 1:
+            response.close()
+            raise httpx.ReadTimeout("the answer was lost", request=request)
+        return response
+
+
+def test_a_registration_retried_after_a_lost_answer_gets_the_same_attempt(service, job_name):
+    with service.client() as http:
+        declare(http, service, job_name, nodes=["n0"])
+        path = f"/v1/jobs/{job_name}/nodes/n0/attempts"
+        keyed = [http.post(path, json={}, headers={"Idempotency-Key": "start-a"}) for _ in range(2)]
+        assert [r.json()["attempt"] for r in keyed] == ["1", "1"], "a repeated key is the same start"
+        assert http.post(path, json={}, headers={"Idempotency-Key": "start-b"}).json()["attempt"] == "2"
+        for bad in ("", "x" * 65, "a b", "../x"):
+            refused = http.post(path, json={}, headers={"Idempotency-Key": bad})
+            assert refused.status_code == 422, (bad, refused.text)
+        transport = LosesFirstAnswer()
+        with ServiceClient(service.live.url, transport=transport, backoff=0.01) as client:
+            assert client.start_attempt(job_name, "n0") == "3"
+        assert transport.sent == 2, "the client re-sent its registration"
+        history = http.get(f"/v1/jobs/{job_name}/attempts").json()
+        assert [a["attempt"] for a in history] == ["1", "2", "3"], "the retry registered nothing more"
 
 
 def test_offline_attempts_are_numbered_past_by_the_service(service, job_name):

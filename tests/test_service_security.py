@@ -262,3 +262,27 @@ def test_head_revision_constant_matches_the_migration_scripts():
     from server.migrate import HEAD_REVISION, alembic_config
 
     assert ScriptDirectory.from_config(alembic_config()).get_current_head() == HEAD_REVISION
+
+
+@pytest.mark.parametrize("db", ["sqlite", "postgres"])
+def test_the_migrated_schema_is_the_models_schema(tmp_path, db):
+    from alembic.autogenerate import compare_metadata
+    from alembic.migration import MigrationContext
+
+    from server.db import make_engine
+    from server.migrate import migrate
+    from server.models import Base
+    from tests.live import ScratchPostgres
+
+    scratch = ScratchPostgres() if db == "postgres" else None
+    url = scratch.url if scratch else f"sqlite:///{tmp_path}/schema.db"
+    engine = make_engine(url)
+    try:
+        migrate(url, engine=engine)
+        with engine.connect() as connection:
+            differences = compare_metadata(MigrationContext.configure(connection), Base.metadata)
+        assert differences == [], "a model changed without a migration (or a migration without the model)"
+    finally:
+        engine.dispose()
+        if scratch:
+            scratch.drop()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Path
+from fastapi import APIRouter, Header, Path
 from sqlalchemy.orm import Session
 
 from ckptstore.position import POSITION_LIMIT
@@ -16,19 +16,29 @@ from server.errors import COMMON_ERRORS, error_responses
 
 router = APIRouter(prefix="/v1/jobs/{job}", tags=["attempts"], responses=COMMON_ERRORS)
 AttemptNumber = Annotated[int, Path(ge=1, lt=POSITION_LIMIT, description="the attempt's number")]
+IdempotencyKey = Annotated[
+    str | None,
+    Header(
+        alias="Idempotency-Key",
+        pattern=r"^[A-Za-z0-9._:-]{1,64}$",
+        description="a key the client makes once per start; a retried request with it gets the same attempt",
+    ),
+]
 
 
 @router.post("/nodes/{node}/attempts", status_code=201, response_model=AttemptInfo)
 async def start_attempt(
-    job: JobName, node: NodeName, writes: WritesDep, body: AttemptRequest | None = None
+    job: JobName, node: NodeName, writes: WritesDep, body: AttemptRequest | None = None, key: IdempotencyKey = None
 ) -> AttemptInfo:
-    """Number a new start of `node` (fencing every older attempt) and record where it resumed from."""
+    """Number a new start of `node` (fencing every older attempt) and record where it resumed from;
+    a request repeating an answered one's Idempotency-Key gets that attempt again."""
     resumed = body.resumed_from.to_position() if body and body.resumed_from else None
     at_least = body.at_least if body else None
 
     def register(session: Session) -> AttemptInfo:
         row = records.lock_job(session, job)
-        return restarts.attempt_info(row, restarts.start_attempt(session, row, node, resumed, at_least=at_least))
+        attempt = restarts.start_attempt(session, row, node, resumed, at_least=at_least, request_key=key)
+        return restarts.attempt_info(row, attempt)
 
     return await writes.run(job, register)
 

@@ -1,13 +1,15 @@
 """Group commit: concurrent writes arriving at one service process share one transaction (one fsync).
 
 Each request hands its write (a function of the session) to `WriteBatcher.run` and awaits it. One
-writer thread takes whatever has queued up — up to MAX_BATCH writes — runs each inside its own
-savepoint, in job-name order (so two replicas never lock two jobs in opposite orders), judges every
-touched position once, and commits once. Every write still gets its own answer: a refusal
-(`ApiError`, a conflicting insert) rolls back only its savepoint and is raised in its own request;
-a failed commit (the database away) is raised in every request of the batch, none of which is then
-recorded. The judge runs once per touched position per batch rather than once per write, which is
-what keeps a 4,096-node job's commits of one position linear.
+writer thread takes whatever has queued up — up to MAX_BATCH writes — runs them in job-name order
+(so two replicas never lock two jobs in opposite orders), judges every touched position once, and
+commits once. Every write still gets its own answer: a refusal (`ApiError`, a conflicting insert)
+is raised in its own request and changes nothing — the batch is then run again with each write in
+its own savepoint, so the refusal rolls back only itself (savepoints cost more than the writes, so
+only a batch that needs them pays for them). A failed commit (the database away) is raised in
+every request of the batch, none of which is then recorded. The judge runs once per touched
+position per batch rather than once per write, which is what keeps a 4,096-node job's commits of
+one position linear.
 """
 
 from __future__ import annotations
@@ -74,23 +76,12 @@ class WriteBatcher:
             self._commit(batch)
 
     def _commit(self, batch: list[tuple[str, Callable[[Session], Any], Future[Any]]]) -> None:
-        outcomes: list[tuple[Future[Any], Any, BaseException | None]] = []
+        ordered = sorted(batch, key=lambda item: item[0])
         try:
-            with self.db.write() as session:
-                session.info["deferred_judgments"] = {}
-                for job, write, future in sorted(batch, key=lambda item: item[0]):
-                    emitted = len(session.info.setdefault("events", []))
-                    try:
-                        with session.begin_nested():
-                            outcomes.append((future, write(session), None))
-                    except (ApiError, IntegrityError) as exc:
-                        del session.info["events"][emitted:]  # what the refused write emitted never happened
-                        # Row locks taken in the rolled-back savepoint are released: lock again later;
-                        # what it read may have been its own rolled-back writes: read again.
-                        session.info.pop("locked_jobs", None)
-                        session.info.pop("node_sets", None)
-                        outcomes.append((future, None, exc))
-                run_deferred_judgments(session)
+            try:
+                outcomes = self._transaction(ordered, savepoints=False)
+            except _Refused:  # a write was refused: again, each write in its own savepoint
+                outcomes = self._transaction(ordered, savepoints=True)
         except BaseException as exc:  # nothing of this batch was recorded: every request says so
             for _, _, future in batch:
                 future.set_exception(exc)
@@ -100,3 +91,37 @@ class WriteBatcher:
                 future.set_result(result)
             else:
                 future.set_exception(error)
+
+    def _transaction(
+        self, ordered: list[tuple[str, Callable[[Session], Any], Future[Any]]], *, savepoints: bool
+    ) -> list[tuple[Future[Any], Any, BaseException | None]]:
+        """Run the writes in one transaction and commit it. Without `savepoints` (the common case: a
+        savepoint per write costs more than the write) the first refusal rolls everything back and
+        raises _Refused; with them, a refusal rolls back only its own write."""
+        outcomes: list[tuple[Future[Any], Any, BaseException | None]] = []
+        with self.db.write() as session:
+            session.info["deferred_judgments"] = {}
+            for _, write, future in ordered:
+                if not savepoints:
+                    try:
+                        outcomes.append((future, write(session), None))
+                    except (ApiError, IntegrityError) as exc:
+                        raise _Refused from exc
+                    continue
+                emitted = len(session.info.setdefault("events", []))
+                try:
+                    with session.begin_nested():
+                        outcomes.append((future, write(session), None))
+                except (ApiError, IntegrityError) as exc:
+                    del session.info["events"][emitted:]  # what the refused write emitted never happened
+                    # Row locks taken in the rolled-back savepoint are released: lock again later;
+                    # what it read or bumped may have been its own rolled-back writes: again.
+                    for cache in ("locked_jobs", "node_sets", "bumped_jobs", "position_rows"):
+                        session.info.pop(cache, None)
+                    outcomes.append((future, None, exc))
+            run_deferred_judgments(session)
+        return outcomes
+
+
+class _Refused(Exception):
+    """A write of a batch run without savepoints was refused: the batch must run again with them."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from sqlalchemy import delete, func, select, text
+from sqlalchemy import delete, func, insert, select, text
 from sqlalchemy.orm import Session
 
 from ckptstore.events import Event, EventType
@@ -36,28 +36,28 @@ def emit(
 ) -> None:
     """Record that `type` happened, when (and only if) this transaction commits."""
     session.info.setdefault("events", []).append(
-        EventRow(
-            time=time.time(),
-            type=type,
-            job=job,
-            node=node,
-            epoch=None if position is None else position.epoch,
-            batch_key=None if position is None else batch_key(position.batch),
-            data=data,
-        )
+        {
+            "time": time.time(),
+            "type": type,
+            "job": job,
+            "node": node,
+            "epoch": None if position is None else position.epoch,
+            "batch_key": None if position is None else batch_key(position.batch),
+            "data": data,
+        }
     )
 
 
 def write_pending(session: Session, *, postgres: bool) -> int | None:
-    """Insert the transaction's events (in commit order across processes); the newest id, or None."""
-    rows: list[EventRow] = session.info.pop("events", [])
+    """Insert the transaction's events (in commit order across processes, in one executemany); the
+    newest id, or None. Under the lock no other transaction inserts events, so the newest is ours."""
+    rows: list[dict[str, Any]] = session.info.pop("events", [])
     if not rows:
         return None
     if postgres:
         session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": EVENTS_LOCK})
-    session.add_all(rows)
-    session.flush()
-    return max(row.id for row in rows)
+    session.execute(insert(EventRow), rows)
+    return session.scalar(select(func.max(EventRow.id)))
 
 
 def _event(row: EventRow) -> Event:

@@ -92,8 +92,12 @@ def _node_set(session: Session, job: Job, version: int | None) -> tuple[list[str
 
 def bump(session: Session, job: Job) -> None:
     """The job's records changed: a new version (cached answers keyed by the old one go stale), and a
-    note for the transaction's commit to tell the other service processes (server/db.py)."""
-    job.version += 1
+    note for the transaction's commit to tell the other service processes (server/db.py). Once per
+    transaction is enough: nobody sees its states in between (a group commit's writes share one)."""
+    bumped: set[str] = session.info.setdefault("bumped_jobs", set())
+    if job.name not in bumped:
+        job.version += 1
+        bumped.add(job.name)
     session.info.setdefault("changed_jobs", {})[job.name] = job
 
 

@@ -241,17 +241,7 @@ def commit_checkpoint(session: Session, job: Job, node: str, body: CommitRequest
         created_at=time.time(),
     )
     session.add(row)
-    if session.get(PositionRow, (job.id, position.epoch, key)) is None:
-        session.add(
-            PositionRow(
-                job_id=job.id,
-                epoch=position.epoch,
-                batch_key=key,
-                nodes_version=job.nodes_version,
-                good=False,
-                durable=False,
-            )
-        )
+    _ensure_position(session, job, position.epoch, key)
     session.flush()
     judge_position(session, job, position)
     bump(session, job)
@@ -269,6 +259,21 @@ def commit_checkpoint(session: Session, job: Job, node: str, body: CommitRequest
     )
     replication_events(session, job, node, position, attempt, body.tier)
     return _record(job, row), True
+
+
+def _ensure_position(session: Session, job: Job, epoch: int, key: int) -> None:
+    """The position's row, added if new. Held for the transaction: the session keeps unchanged rows
+    only weakly, and a group commit's writes to one position would otherwise read it once each."""
+    held: dict[tuple[int, int, int], PositionRow] = session.info.setdefault("position_rows", {})
+    if (job.id, epoch, key) in held:
+        return
+    row = session.get(PositionRow, (job.id, epoch, key))
+    if row is None:
+        row = PositionRow(
+            job_id=job.id, epoch=epoch, batch_key=key, nodes_version=job.nodes_version, good=False, durable=False
+        )
+        session.add(row)
+    held[(job.id, epoch, key)] = row
 
 
 def mark_checkpoint(session: Session, job: Job, node: str, body: MarkRequest) -> list[CheckpointRecord]:

@@ -42,6 +42,7 @@ def test_a_batch_answers_each_commit_as_it_would_alone(service, job_name):
             {"node": "n1", **commit_body(root, job_name, "n1", 0), "location": f"{root}/elsewhere"},
             {"node": "n1", **commit_body(root, job_name, "n1", 0)},
         ]
+        assert http.get(f"/v1/jobs/{job_name}/last-good-epoch").json()["epoch"] is None  # cached: none yet
         response = post_batch(http, job_name, commits)
         assert response.status_code == 200, response.text
         outcomes = response.json()
@@ -54,6 +55,9 @@ def test_a_batch_answers_each_commit_as_it_would_alone(service, job_name):
             ("n1", 0, "1", 100),
         ], "the refused commits changed nothing"
         assert http.get(f"/v1/jobs/{job_name}/last-good-epoch").json()["epoch"] == 0
+        page = http.get("/v1/events", params={"format": "json", "job": job_name, "limit": 1000}).json()
+        committed = [(e["node"], e["data"]["attempt"]) for e in page["events"] if e["type"] == "checkpoint.committed"]
+        assert committed == [("n0", "2"), ("n1", "1")], "refused commits emitted no event"
 
         too_many = [{"node": "n1", **commit_body(root, job_name, "n1", e)} for e in range(COMMIT_BATCH_LIMIT + 1)]
         for bad in ([], too_many, [{"node": "../x", **commit_body(root, job_name, "n1", 5)}]):

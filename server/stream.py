@@ -165,7 +165,8 @@ class EventHub:
                 subscription.overflowed = False
                 while not subscription.overflowed:
                     try:
-                        queued = [await asyncio.wait_for(subscription.queue.get(), timeout=self.heartbeat_seconds)]
+                        async with asyncio.timeout(self.heartbeat_seconds):  # no task per wait, as wait_for makes
+                            queued = [await subscription.queue.get()]
                     except TimeoutError:
                         yield HEARTBEAT
                         continue

@@ -1,14 +1,14 @@
 """What event subscribers cost the service, and how fast an event reaches them.
 
-    python bench/events.py [--db sqlite postgres] [--subscribers 200] [--duration 10] [--nice-subscribers] [--out FILE]
+    python bench/events.py [--db sqlite postgres] [--subscribers 200] [--duration 10] [--reps 3] [--nice-subscribers] [--out FILE]
 
 For each database: `python -m server` (1 worker) on a database filled with 1,000 jobs × 8 nodes ×
 10 epochs; wrk measures commit throughput (64 connections, POST commits of new positions) and the
-cached last-good throughput (32 connections) with no subscriber, then again with --subscribers SSE
-streams attached (held by a separate process, reading every event); the ratios compare the two in
-the same run. Then one subscriber of one job and a writer committing one position at a time
-measure commit-to-event latency: from sending the commit to the `checkpoint.committed` event
-arriving on the stream (p50, p99 over 300 commits). Needs wrk (Debian: apt-get install wrk).
+cached last-good throughput (32 connections, after asking every job once) with no subscriber, then again with --subscribers SSE
+streams attached (held by a separate process, reading every event), --reps times interleaved; the
+ratios compare the medians of the two sides in the same run. Then one subscriber of one job and a
+writer committing one position at a time measure commit-to-event latency: from sending the commit
+to the `checkpoint.committed` event arriving on the stream (p50, p99 over 300 commits). Needs wrk (Debian: apt-get install wrk).
 """
 
 from __future__ import annotations
@@ -57,6 +57,7 @@ asyncio.run(main())
 
 def throughput(port: int, root: str, duration: int, salt: int) -> dict:
     commits = run_wrk(port, "commit", duration, 1000, 8, root, salt=salt, connections=64)
+    asyncio.run(warm_up(port, 1000, connections=2))  # the commits changed every job: cache the answers again
     last_good = run_wrk(port, "last_good", duration, 1000, 8, root, salt=salt + 1)
     return {
         "commit_rps": commits["rps"],
@@ -106,7 +107,7 @@ async def commit_to_event(port: int, root: str, commits: int = 300) -> dict:
     }
 
 
-def measure(kind: str, subscribers: int, duration: int, nice: int) -> dict:
+def measure(kind: str, subscribers: int, duration: int, nice: int, reps: int) -> dict:
     tmp = tempfile.mkdtemp(prefix="ckptstore-events-")
     root = f"{tmp}/storage"
     url, drop = make_database(kind, tmp)
@@ -115,29 +116,40 @@ def measure(kind: str, subscribers: int, duration: int, nice: int) -> dict:
         populate(url, 1000, 8, 10, root)
         with running_service(url, 1, root) as (port, _):
             asyncio.run(warm_up(port, 1000))
-            alone = throughput(port, root, duration, salt=1)
-            crowd = subprocess.Popen(
-                [sys.executable, "-c", SUBSCRIBERS, str(port), str(subscribers)],
-                stdout=subprocess.PIPE,
-                text=True,
-                preexec_fn=(lambda: os.nice(nice)) if nice else None,
-            )
-            try:
-                assert crowd.stdout is not None and crowd.stdout.readline().startswith("READY")
-                asyncio.run(warm_up(port, 1000))
-                watched = throughput(port, root, duration, salt=3)
-            finally:
-                crowd.terminate()
-                remaining, _ = crowd.communicate()
-            counts = [int(line.split()[1]) for line in remaining.splitlines() if line.startswith("RECEIVED")]
-            received = counts[-1] if counts else 0  # the subscribers' running total, as last printed
+            alone, watched, received = [], [], 0
+            # Interleaved and in alternating order (the database grows with every run), so that drift
+            # hits both sides alike.
+            for rep in range(reps):
+                for side in ("alone", "watched") if rep % 2 == 0 else ("watched", "alone"):
+                    salt = 4 * rep + (2 if side == "watched" else 0)
+                    if side == "alone":
+                        alone.append(throughput(port, root, duration, salt))
+                        continue
+                    crowd = subprocess.Popen(
+                        [sys.executable, "-c", SUBSCRIBERS, str(port), str(subscribers)],
+                        stdout=subprocess.PIPE,
+                        text=True,
+                        preexec_fn=(lambda: os.nice(nice)) if nice else None,
+                    )
+                    try:
+                        assert crowd.stdout is not None and crowd.stdout.readline().startswith("READY")
+                        watched.append(throughput(port, root, duration, salt))
+                    finally:
+                        crowd.terminate()
+                        remaining, _ = crowd.communicate()
+                    counts = [int(line.split()[1]) for line in remaining.splitlines() if line.startswith("RECEIVED")]
+                    received += counts[-1] if counts else 0  # the subscribers' running total, as last printed
             latency = asyncio.run(commit_to_event(port, root))
+        medians = {
+            side: {key: statistics.median(run[key] for run in runs) for key in runs[0]}
+            for side, runs in (("alone", alone), ("watched", watched))
+        }
         return {
             "without_subscribers": alone,
             f"with_{subscribers}_subscribers": watched,
             "events_received_by_subscribers": received,
-            "commit_ratio": watched["commit_rps"] / alone["commit_rps"],
-            "last_good_ratio": watched["last_good_rps"] / alone["last_good_rps"],
+            "commit_ratio": medians["watched"]["commit_rps"] / medians["alone"]["commit_rps"],
+            "last_good_ratio": medians["watched"]["last_good_rps"] / medians["alone"]["last_good_rps"],
             "commit_to_event": latency,
         }
     finally:
@@ -150,6 +162,7 @@ def main() -> None:
     parser.add_argument("--db", nargs="+", default=["sqlite", "postgres"], choices=["sqlite", "postgres"])
     parser.add_argument("--subscribers", type=int, default=200)
     parser.add_argument("--duration", type=int, default=10)
+    parser.add_argument("--reps", type=int, default=3, help="interleaved runs without and with subscribers (medians)")
     parser.add_argument(
         "--nice-subscribers",
         action="store_true",
@@ -163,7 +176,7 @@ def main() -> None:
         "machine": f"{platform.platform()}, {os.cpu_count()} cores, Python {platform.python_version()}",
     }
     for kind in args.db:
-        results[kind] = measure(kind, args.subscribers, args.duration, 19 if args.nice_subscribers else 0)
+        results[kind] = measure(kind, args.subscribers, args.duration, 19 if args.nice_subscribers else 0, args.reps)
         print(kind, json.dumps(results[kind]), flush=True)
     if args.out:
         with open(args.out, "w") as handle:

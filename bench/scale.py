@@ -2,12 +2,12 @@
 PostgreSQL (2 workers, and 3 replicas behind nginx), the dashboard of a large job, and a Keras fit
 while the service is down.
 
-    python bench/scale.py [--db sqlite postgres] [--duration 10] [--previous REF]
+    python bench/scale.py [--db sqlite postgres] [--duration 10] [--previous REF] [--workers 1]
                           [--phases commits big_job last_good dashboard outage] [--out FILE]
 
 - commits: wrk, 64 connections, POST commits of new positions over 1,000 jobs × 8 nodes (closed
   loop, --duration): requests/s and p99, this tree vs `git archive REF` (the previous release) on
-  databases of the same size, in the same run.
+  databases of the same size, in the same run, each with --workers service processes.
 - big_job: a 4,096-node job; every node registers an attempt, then every node commits epoch 0 at
   once (one request each, 64 connections, a raw HTTP/1.1 client so the client costs little CPU);
   seconds for each, and how long after the last commit's answer the last good epoch is 0.
@@ -64,13 +64,13 @@ def migrate_with(code: str | None, url: str) -> None:
     subprocess.run([sys.executable, "-c", script], check=True, env=os.environ | {"PYTHONPATH": code})
 
 
-def commits(kind: str, code: str | None, duration: int) -> dict:
+def commits(kind: str, code: str | None, duration: int, workers: int) -> dict:
     tmp = tempfile.mkdtemp(prefix="ckptstore-scale-")
     url, drop = make_database(kind, tmp)
     try:
         migrate_with(code, url)
         populate(url, 1000, 8, 10, f"{tmp}/storage")
-        with running_service(url, 1, f"{tmp}/storage", code) as (port, _):
+        with running_service(url, workers, f"{tmp}/storage", code) as (port, _):
             return run_wrk(port, "commit", duration, 1000, 8, f"{tmp}/storage", salt=3, connections=64)
     finally:
         drop()
@@ -107,14 +107,14 @@ def get_json(port: int, path: str) -> dict:
         return json.loads(response.read())
 
 
-def big_job(kind: str, code: str | None) -> dict:
+def big_job(kind: str, code: str | None, workers: int) -> dict:
     tmp = tempfile.mkdtemp(prefix="ckptstore-scale-")
     url, drop = make_database(kind, tmp)
     root = f"{tmp}/storage"
     nodes = [f"w{i:04d}" for i in range(BIG_NODES)]
     try:
         migrate_with(code, url)
-        with running_service(url, 1, root, code) as (port, _):
+        with running_service(url, workers, root, code) as (port, _):
             declare = urllib.request.Request(
                 f"http://127.0.0.1:{port}/v1/jobs/big",
                 data=json.dumps({"nodes": nodes, "storage_root": root}).encode(),
@@ -258,6 +258,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--db", nargs="+", default=["sqlite", "postgres"], choices=["sqlite", "postgres"])
     parser.add_argument("--duration", type=int, default=10)
+    parser.add_argument("--workers", type=int, default=1, help="service worker processes for commits and big_job")
     parser.add_argument("--previous", default=None, help="also measure this commit (the previous release)")
     parser.add_argument("--phases", nargs="+", default=["commits", "big_job", "last_good", "dashboard", "outage"])
     parser.add_argument("--out", default=None)
@@ -280,9 +281,9 @@ def main() -> None:
     for kind in args.db:
         for name, code in trees.items():
             if "commits" in args.phases:
-                record(f"commits/{kind}/{name}", commits(kind, code, args.duration))
+                record(f"commits/{kind}/{name}", commits(kind, code, args.duration, args.workers))
             if "big_job" in args.phases:
-                record(f"big_job/{kind}/{name}", big_job(kind, code))
+                record(f"big_job/{kind}/{name}", big_job(kind, code, args.workers))
         if previous and "commits" in args.phases:
             new, old = results[f"commits/{kind}/new"], results[f"commits/{kind}/previous"]
             record(f"commits/{kind}/ratio", new["rps"] / old["rps"])

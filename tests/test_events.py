@@ -126,6 +126,17 @@ def test_a_refused_write_emits_nothing(service, job_name):
         assert events_of(http, job_name) == before
 
 
+def test_event_ids_out_of_range_are_refused(sqlite_service):
+    with sqlite_service.client() as http:
+        for after in (2**63, -1, 10**30):
+            answer = http.get("/v1/events", params={"format": "json", "after": after})
+            assert answer.status_code == 422, (after, answer.text)
+        for header in ("9" * 30, str(2**63), "-1", "x", "\u00b2"):
+            answer = http.get("/v1/events", params={"format": "json"}, headers={"Last-Event-ID": header.encode()})
+            assert answer.status_code == 422, (header, answer.text)
+        assert http.get("/v1/events", params={"format": "json", "after": 2**63 - 1}).json()["events"] == []
+
+
 def read_stream(url: str, headers: dict[str, str], count: int, params: dict | None = None) -> tuple[list[str], bool]:
     """The raw lines of the first `count` events of a stream, and whether a heartbeat came among them."""
     lines, events, heartbeat = [], 0, False

@@ -18,6 +18,7 @@ __all__ = ["router", "stream_response", "event_filter"]
 
 router = APIRouter(prefix="/v1", tags=["events"], responses=COMMON_ERRORS | error_responses(403))
 STREAM_HEADERS = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+EVENT_ID_LIMIT = 2**63  # event ids are the database's 64-bit integers
 
 
 def event_filter(job: str | None, types: str | None, scope: str | None) -> tuple[str | None, frozenset[str] | None]:
@@ -45,9 +46,10 @@ def _resume_id(after: int | None, last_event_id: str | None) -> int | None:
         return after
     if last_event_id is None:
         return None
-    if not last_event_id.strip().isdigit():
-        raise ApiError.invalid("Last-Event-ID must be an event id (a non-negative integer)")
-    return int(last_event_id)
+    text = last_event_id.strip()
+    if not (text.isascii() and text.isdigit() and int(text) < EVENT_ID_LIMIT):
+        raise ApiError.invalid(f"Last-Event-ID must be an event id (an integer from 0 below {EVENT_ID_LIMIT})")
+    return int(text)
 
 
 def stream_response(
@@ -71,7 +73,9 @@ async def events(
     hub: HubDep,
     job: str | None = None,
     types: Annotated[str | None, Query(description="comma-separated event types")] = None,
-    after: Annotated[int | None, Query(ge=0, description="events with a higher id (else Last-Event-ID)")] = None,
+    after: Annotated[
+        int | None, Query(ge=0, lt=EVENT_ID_LIMIT, description="events with a higher id (else Last-Event-ID)")
+    ] = None,
     format: Literal["sse", "json"] = "sse",
     limit: Annotated[int, Query(ge=1, le=1000, description="events per JSON page")] = 100,
     last_event_id: Annotated[str | None, Header()] = None,

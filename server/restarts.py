@@ -42,20 +42,20 @@ def start_attempt(
     (and at least `at_least`). A request re-sent with the `request_key` of one already answered (a
     client retrying after a lost answer) gets that attempt again instead of fencing it."""
     require_node(session, job, node)
-    if request_key is not None:
-        answered = session.scalar(
-            select(Attempt).where(Attempt.job_id == job.id, Attempt.node == node, Attempt.request_key == request_key)
-        )
-        if answered is not None:
-            return answered
-    registered, committed = session.execute(
+    mine = (Attempt.job_id == job.id) & (Attempt.node == node)
+    registered, committed, answered = session.execute(  # one round trip, the key's check included
         select(
-            select(func.max(Attempt.number)).where(Attempt.job_id == job.id, Attempt.node == node).scalar_subquery(),
+            select(func.max(Attempt.number)).where(mine).scalar_subquery(),
             select(func.max(Checkpoint.attempt_number))
             .where(Checkpoint.job_id == job.id, Checkpoint.node == node)
             .scalar_subquery(),
+            select(func.max(Attempt.number)).where(mine, Attempt.request_key == request_key).scalar_subquery(),
         )
     ).one()
+    if request_key is not None and answered is not None:
+        attempt = session.get(Attempt, (job.id, node, answered))
+        assert attempt is not None, "the attempt the key named was read in this transaction"
+        return attempt
     now = time.time()
     if max(registered or 0, committed or 0) + 1 >= ATTEMPT_LIMIT:
         raise ApiError(409, "conflict", f"{node}'s attempt counter is exhausted (numbers stop below {ATTEMPT_LIMIT})")

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from sqlalchemy import distinct, func, select, tuple_
+from sqlalchemy import bindparam, distinct, func, select, tuple_
 from sqlalchemy.orm import Session
 
 from ckptstore.names import attempt_sort_key
@@ -38,6 +38,13 @@ __all__ = [
 ]
 
 NOT_GOOD_LIMIT = 20
+# Built once: the judge runs for every position a batch touched.
+_NODES_WITH_INTACT_COPY = select(func.count(distinct(Checkpoint.node))).where(
+    Checkpoint.job_id == bindparam("job_id"),
+    Checkpoint.epoch == bindparam("epoch"),
+    Checkpoint.batch_key == bindparam("key"),
+    Checkpoint.state == "committed",
+)
 
 
 @dataclass
@@ -169,17 +176,8 @@ def _judge(session: Session, job: Job, position: Position) -> None:
 
 
 def _nodes_with_intact_copy(session: Session, job: Job, position: Position) -> int:
-    return (
-        session.scalar(
-            select(func.count(distinct(Checkpoint.node))).where(
-                Checkpoint.job_id == job.id,
-                Checkpoint.epoch == position.epoch,
-                Checkpoint.batch_key == batch_key(position.batch),
-                Checkpoint.state == "committed",
-            )
-        )
-        or 0
-    )
+    key = batch_key(position.batch)
+    return session.scalar(_NODES_WITH_INTACT_COPY, {"job_id": job.id, "epoch": position.epoch, "key": key}) or 0
 
 
 def newest_good(

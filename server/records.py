@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import bindparam, delete, func, select
 from sqlalchemy.orm import Session
 
 from ckptstore.layout import checkpoint_location, normalize_root
@@ -49,6 +49,19 @@ __all__ = [
     "require_node",
 ]
 
+# The hot write path's queries, built once (building one costs more than running it).
+_LOCK_JOB = select(Job).where(Job.name == bindparam("name")).with_for_update()
+_COPIES = select(Checkpoint).where(
+    Checkpoint.job_id == bindparam("job_id"),
+    Checkpoint.node == bindparam("node"),
+    Checkpoint.epoch == bindparam("epoch"),
+    Checkpoint.batch_key == bindparam("key"),
+    Checkpoint.attempt == bindparam("attempt"),
+)
+_NEWEST_REGISTERED = select(func.max(Attempt.number)).where(
+    Attempt.job_id == bindparam("job_id"), Attempt.node == bindparam("node")
+)
+
 
 def find_job(session: Session, name: str) -> Job:
     job = session.scalar(select(Job).where(Job.name == name))
@@ -63,7 +76,7 @@ def lock_job(session: Session, name: str) -> Job:
     locked: dict[str, Job] = session.info.setdefault("locked_jobs", {})
     job = locked.get(name)
     if job is None:
-        job = session.scalar(select(Job).where(Job.name == name).with_for_update())
+        job = session.scalar(_LOCK_JOB, {"name": name})
         if job is None:
             raise ApiError.not_found(f"job {name!r} is not declared")
         locked[name] = job
@@ -188,21 +201,12 @@ def commit_checkpoint(session: Session, job: Job, node: str, body: CommitRequest
             f"attempt {attempt}: attempt numbers stop below {ATTEMPT_LIMIT}, so that the counter can always go on"
         )
     key = batch_key(position.batch)
+    mine = {"job_id": job.id, "node": node}
     copies = {
         row.tier: row
-        for row in session.scalars(
-            select(Checkpoint).where(
-                Checkpoint.job_id == job.id,
-                Checkpoint.node == node,
-                Checkpoint.epoch == position.epoch,
-                Checkpoint.batch_key == key,
-                Checkpoint.attempt == attempt,
-            )
-        )
+        for row in session.scalars(_COPIES, mine | {"epoch": position.epoch, "key": key, "attempt": attempt})
     }
-    newest_registered = session.scalar(
-        select(func.max(Attempt.number)).where(Attempt.job_id == job.id, Attempt.node == node)
-    )
+    newest_registered = session.scalar(_NEWEST_REGISTERED, mine)
     # An older attempt may add a copy of a checkpoint it already recorded (replication finishing after
     # a restart); a new checkpoint from it is a zombie's.
     another_copy = any((c.bytes, c.checksums) == (body.bytes, body.checksums) for c in copies.values())

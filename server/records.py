@@ -31,7 +31,7 @@ from ckptstore.schema import (
 from server.errors import ApiError
 from server.events import emit
 from server.last_good import bump, expected_nodes, is_expected, judge_position
-from server.models import Attempt, Checkpoint, Job, NodeSet, PositionRow, batch_key
+from server.models import Attempt, Checkpoint, Job, NodeSet, PositionRow, batch_key, insert_row
 from server.paging import Page
 from server.replication_events import RETENTION_REASONS, replication_events
 from server.settings import is_local_path, root_is_allowed
@@ -244,7 +244,7 @@ def commit_checkpoint(session: Session, job: Job, node: str, body: CommitRequest
         state="committed",
         created_at=time.time(),
     )
-    session.add(row)
+    insert_row(session, row)
     _ensure_position(session, job, position.epoch, key)
     session.flush()
     judge_position(session, job, position)

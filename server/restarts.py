@@ -22,7 +22,7 @@ from ckptstore.schema import AttemptInfo, PositionBody, ResumeAgreement, ResumeR
 from server.errors import ApiError
 from server.events import emit
 from server.last_good import expected_nodes
-from server.models import Attempt, Checkpoint, Job, batch_key
+from server.models import Attempt, Checkpoint, Job, batch_key, insert_row
 from server.paging import Page
 from server.records import require_node
 
@@ -70,8 +70,7 @@ def start_attempt(
         request_key=request_key,
     )
     _set_resumed(attempt, resumed_from, now)
-    session.add(attempt)
-    session.flush()
+    insert_row(session, attempt)
     emit(session, "attempt.started", job.name, node=node, attempt=str(attempt.number), **_resumed(resumed_from))
     if registered:
         emit(session, "node.fenced", job.name, node=node, attempt=str(registered), by=str(attempt.number))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from sqlalchemy import bindparam, delete, func, select
+from sqlalchemy import bindparam, delete, func, literal, select
 from sqlalchemy.orm import Session
 
 from ckptstore.layout import checkpoint_location, normalize_root
@@ -51,15 +51,25 @@ __all__ = [
 
 # The hot write path's queries, built once (building one costs more than running it).
 _LOCK_JOB = select(Job).where(Job.name == bindparam("name")).with_for_update()
-_COPIES = select(Checkpoint).where(
-    Checkpoint.job_id == bindparam("job_id"),
-    Checkpoint.node == bindparam("node"),
-    Checkpoint.epoch == bindparam("epoch"),
-    Checkpoint.batch_key == bindparam("key"),
-    Checkpoint.attempt == bindparam("attempt"),
+# The attempt's copies of the position, and the node's newest registered attempt, in one round trip:
+# one row of the newest attempt, outer-joined to each copy (None where there is none).
+_NEWEST_REGISTERED = (
+    select(func.max(Attempt.number))
+    .where(Attempt.job_id == bindparam("job_id"), Attempt.node == bindparam("node"))
+    .scalar_subquery()
 )
-_NEWEST_REGISTERED = select(func.max(Attempt.number)).where(
-    Attempt.job_id == bindparam("job_id"), Attempt.node == bindparam("node")
+_ONE_ROW = select(literal(1).label("one")).subquery()
+_COPIES_AND_NEWEST = (
+    select(_NEWEST_REGISTERED, Checkpoint)
+    .select_from(_ONE_ROW)
+    .outerjoin(
+        Checkpoint,
+        (Checkpoint.job_id == bindparam("job_id"))
+        & (Checkpoint.node == bindparam("node"))
+        & (Checkpoint.epoch == bindparam("epoch"))
+        & (Checkpoint.batch_key == bindparam("key"))
+        & (Checkpoint.attempt == bindparam("attempt")),
+    )
 )
 
 
@@ -201,12 +211,11 @@ def commit_checkpoint(session: Session, job: Job, node: str, body: CommitRequest
             f"attempt {attempt}: attempt numbers stop below {ATTEMPT_LIMIT}, so that the counter can always go on"
         )
     key = batch_key(position.batch)
-    mine = {"job_id": job.id, "node": node}
-    copies = {
-        row.tier: row
-        for row in session.scalars(_COPIES, mine | {"epoch": position.epoch, "key": key, "attempt": attempt})
-    }
-    newest_registered = session.scalar(_NEWEST_REGISTERED, mine)
+    found = session.execute(
+        _COPIES_AND_NEWEST, {"job_id": job.id, "node": node, "epoch": position.epoch, "key": key, "attempt": attempt}
+    ).all()
+    newest_registered = found[0][0]
+    copies = {row.tier: row for _, row in found if row is not None}
     # An older attempt may add a copy of a checkpoint it already recorded (replication finishing after
     # a restart); a new checkpoint from it is a zombie's.
     another_copy = any((c.bytes, c.checksums) == (body.bytes, body.checksums) for c in copies.values())

@@ -1,9 +1,9 @@
 """Group commit: concurrent writes arriving at one service process share one transaction (one fsync).
 
 Each request hands its write (a function of the session) to `WriteBatcher.run` and awaits it. One
-writer thread takes whatever has queued up — up to MAX_BATCH writes — runs them in job-name order
-(so two replicas never lock two jobs in opposite orders), judges every touched position once, and
-commits once. Every write still gets its own answer: a refusal (`ApiError`, a conflicting insert)
+writer thread takes whatever has queued up — up to MAX_BATCH writes — locks all their jobs in one
+statement, in name order (so two replicas never lock two jobs in opposite orders), runs the writes
+in that order, judges every touched position once, and commits once. Every write still gets its own answer: a refusal (`ApiError`, a conflicting insert)
 is raised in its own request and changes nothing — the batch is then run again with each write in
 its own savepoint, so the refusal rolls back only itself (savepoints cost more than the writes, so
 only a batch that needs them pays for them). A failed commit (the database away) is raised in
@@ -27,6 +27,7 @@ from sqlalchemy.orm import Session
 from server.db import Database
 from server.errors import ApiError
 from server.last_good import run_deferred_judgments
+from server.records import lock_jobs
 
 __all__ = ["WriteBatcher", "MAX_BATCH"]
 
@@ -101,6 +102,7 @@ class WriteBatcher:
         outcomes: list[tuple[Future[Any], Any, BaseException | None]] = []
         with self.db.write() as session:
             session.info["deferred_judgments"] = {}
+            lock_jobs(session, sorted({job for job, _, _ in ordered}))
             for _, write, future in ordered:
                 if not savepoints:
                     try:

@@ -31,6 +31,7 @@ __all__ = [
     "parts",
     "judge_position",
     "run_deferred_judgments",
+    "read_node_sets",
     "bump",
     "newest_good",
     "last_good",
@@ -88,13 +89,29 @@ def is_expected(session: Session, job: Job, node: str) -> bool:
 def _node_set(session: Session, job: Job, version: int | None) -> tuple[list[str], frozenset[str]]:
     """A node set, read once per transaction (a group commit of a 4,096-node job asks for it per write)."""
     key = (job.id, version or job.nodes_version)
-    cache: dict[tuple[int, int], tuple[list[str], frozenset[str]]] = session.info.setdefault("node_sets", {})
-    found = cache.get(key)
+    found = _node_sets(session).get(key)
     if found is None:
         node_set = session.get(NodeSet, key)
         assert node_set is not None, "every job has the node set its nodes_version names"
-        found = cache[key] = (list(node_set.nodes), frozenset(node_set.nodes))
+        found = _hold_node_set(session, node_set)
     return found
+
+
+def read_node_sets(session: Session, jobs: list[Job]) -> None:
+    """Read the current node sets of `jobs` in one query and hold them for the transaction."""
+    if jobs:
+        keys = [(job.id, job.nodes_version) for job in jobs]
+        for node_set in session.scalars(select(NodeSet).where(tuple_(NodeSet.job_id, NodeSet.version).in_(keys))):
+            _hold_node_set(session, node_set)
+
+
+def _node_sets(session: Session) -> dict[tuple[int, int], tuple[list[str], frozenset[str]]]:
+    return session.info.setdefault("node_sets", {})
+
+
+def _hold_node_set(session: Session, node_set: NodeSet) -> tuple[list[str], frozenset[str]]:
+    held = _node_sets(session)[(node_set.job_id, node_set.version)] = (list(node_set.nodes), frozenset(node_set.nodes))
+    return held
 
 
 def bump(session: Session, job: Job) -> None:

@@ -30,7 +30,7 @@ from ckptstore.schema import (
 )
 from server.errors import ApiError
 from server.events import emit
-from server.last_good import bump, expected_nodes, is_expected, judge_position
+from server.last_good import bump, expected_nodes, is_expected, judge_position, read_node_sets
 from server.models import Attempt, Checkpoint, Job, NodeSet, PositionRow, batch_key, insert_row
 from server.paging import Page
 from server.replication_events import RETENTION_REASONS, replication_events
@@ -39,6 +39,7 @@ from server.settings import is_local_path, root_is_allowed
 __all__ = [
     "find_job",
     "lock_job",
+    "lock_jobs",
     "put_job",
     "job_info",
     "commit_checkpoint",
@@ -51,6 +52,7 @@ __all__ = [
 
 # The hot write path's queries, built once (building one costs more than running it).
 _LOCK_JOB = select(Job).where(Job.name == bindparam("name")).with_for_update()
+_LOCK_JOBS = select(Job).where(Job.name.in_(bindparam("names", expanding=True))).order_by(Job.name).with_for_update()
 # The attempt's copies of the position, and the node's newest registered attempt, in one round trip:
 # one row of the newest attempt, outer-joined to each copy (None where there is none).
 _NEWEST_REGISTERED = (
@@ -91,6 +93,15 @@ def lock_job(session: Session, name: str) -> Job:
             raise ApiError.not_found(f"job {name!r} is not declared")
         locked[name] = job
     return job
+
+
+def lock_jobs(session: Session, names: list[str]) -> None:
+    """Lock the jobs of a group commit's writes in one statement, in name order (the order one-by-one
+    locking takes), and read their node sets: `lock_job` and the node checks then find them held."""
+    locked: dict[str, Job] = session.info.setdefault("locked_jobs", {})
+    jobs = list(session.scalars(_LOCK_JOBS, {"names": names}))
+    locked.update((job.name, job) for job in jobs)
+    read_node_sets(session, jobs)
 
 
 def job_info(session: Session, job: Job) -> JobInfo:

@@ -6,9 +6,9 @@ The reader wakes when this process commits events, when PostgreSQL NOTIFYs that 
 notification connection). A subscriber first registers, then reads its backlog from the log, then
 takes live events, skipping ids it has already sent: nothing is missed and nothing is sent twice.
 A subscriber that falls too far behind reads from the log again. Under a stream of commits the
-reader wakes at most every `COALESCE_SECONDS`, each event is encoded once for every subscriber,
-each subscriber gets one queue item per wake-up, and sends whatever queued up since its last send
-as one chunk.
+reader wakes at most every `COALESCE_SECONDS`, each wake-up's events are encoded and joined once
+for every subscriber, each subscriber gets one queue item per wake-up, and sends whatever queued up
+since its last send as one chunk.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from ckptstore.events import Event
 from server.db import Database
 from server.events import events_after, newest_event_id, oldest_event_id
 
-__all__ = ["EventHub", "Subscription", "Encoded", "sse_frame", "HEARTBEAT"]
+__all__ = ["EventHub", "Subscription", "Encoded", "Batch", "sse_frame", "HEARTBEAT"]
 
 log = logging.getLogger("ckptstore.server")
 READ_LIMIT = 500
@@ -60,25 +60,47 @@ class Encoded:
         return cls(event, sse_frame(event, data=data), sse_frame(event, named=False, data=data))
 
 
+@dataclass(frozen=True)
+class Batch:
+    """The events of one reader wake-up, in id order, with their frames joined once: a subscriber
+    that wants them all sends one ready chunk."""
+
+    events: list[Encoded]
+    named: bytes
+    unnamed: bytes
+
+    @classmethod
+    def of(cls, events: list[Encoded]) -> Batch:
+        return cls(events, b"".join(e.named for e in events), b"".join(e.unnamed for e in events))
+
+    def frames_after(self, last: int, *, named: bool) -> bytes:
+        """The frames of the events with id above `last`."""
+        if self.events[0].event.id > last:
+            return self.named if named else self.unnamed
+        return b"".join(e.named if named else e.unnamed for e in self.events if e.event.id > last)
+
+
 @dataclass(eq=False)
 class Subscription:
-    """One stream's filter and its queue of live events (one item per reader wake-up)."""
+    """One stream's filter and its queue of live events (one batch per reader wake-up)."""
 
     job: str | None
     types: frozenset[str] | None
-    queue: asyncio.Queue[list[Encoded]] = field(default_factory=lambda: asyncio.Queue(QUEUE_LIMIT))
+    queue: asyncio.Queue[Batch] = field(default_factory=lambda: asyncio.Queue(QUEUE_LIMIT))
     overflowed: bool = False
 
     def matches(self, event: Event) -> bool:
         return (self.job is None or event.job == self.job) and (not self.types or event.type in self.types)
 
-    def offer(self, batch: list[Encoded]) -> None:
+    def offer(self, batch: Batch) -> None:
         """Queue the events of `batch` this stream wants, as one item."""
-        wanted = batch if self.job is None and not self.types else [e for e in batch if self.matches(e.event)]
-        if not wanted:
-            return
+        if self.job is not None or self.types:
+            wanted = [e for e in batch.events if self.matches(e.event)]
+            if not wanted:
+                return
+            batch = Batch.of(wanted)
         try:
-            self.queue.put_nowait(wanted)
+            self.queue.put_nowait(batch)
         except asyncio.QueueFull:
             self.overflowed = True
 
@@ -138,7 +160,7 @@ class EventHub:
                 continue
             if events:
                 self.read_through = events[-1].id
-                batch = [Encoded.of(event) for event in events]
+                batch = Batch.of([Encoded.of(event) for event in events])
                 for subscriber in self.subscribers:
                     subscriber.offer(batch)
             if len(events) == READ_LIMIT:
@@ -174,10 +196,9 @@ class EventHub:
                         queued.append(subscription.queue.get_nowait())
                     frames = []
                     for batch in queued:
-                        for encoded in batch:
-                            if encoded.event.id > last:
-                                last = encoded.event.id
-                                frames.append(encoded.named if named else encoded.unnamed)
+                        if batch.events[-1].event.id > last:
+                            frames.append(batch.frames_after(last, named=named))
+                            last = batch.events[-1].event.id
                     if frames:
                         yield b"".join(frames)
                 subscription.queue = asyncio.Queue(QUEUE_LIMIT)  # fell behind: read the log again

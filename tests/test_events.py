@@ -18,6 +18,7 @@ import pytest
 from ckptstore.events import EVENT_TYPES, Event, verify_signature
 from client import ServiceClient
 from client.commands import _event_line
+from server.stream import Batch, Encoded, Subscription
 from tests.builders import commit_body, declare
 from tests.conftest import service_settings
 from tests.live import LiveService, ScratchPostgres, postgres_available, wait_for
@@ -179,6 +180,19 @@ def test_a_subscriber_resuming_with_last_event_id_misses_nothing_and_sees_nothin
         assert [e.position.epoch for e in events if e.type == "position.good"] == list(range(8))
     finally:
         live.stop()
+
+
+def test_a_live_batch_overlapping_what_a_stream_sent_gives_only_the_newer_events():
+    encoded = [Encoded.of(Event(id=i, type="checkpoint.committed", time=0.0, job="j")) for i in (5, 6, 7)]
+    batch = Batch.of(encoded)
+    assert batch.frames_after(4, named=True) == b"".join(e.named for e in encoded)
+    assert batch.frames_after(5, named=False) == encoded[1].unnamed + encoded[2].unnamed
+    assert batch.frames_after(5, named=True).startswith(b"id: 6\nevent: checkpoint.committed\ndata: ")
+    other_job, same_job = Subscription("other", None), Subscription("j", frozenset({"checkpoint.committed"}))
+    other_job.offer(batch)
+    same_job.offer(batch)
+    assert other_job.queue.empty()
+    assert same_job.queue.get_nowait().frames_after(0, named=True) == batch.named
 
 
 def test_a_reader_behind_the_log_window_gets_a_reset_and_the_rest(tmp_path):

@@ -15,12 +15,13 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from sqlalchemy import bindparam, distinct, func, select, tuple_
+from sqlalchemy import select, tuple_
 from sqlalchemy.orm import Session
 
 from ckptstore.names import attempt_sort_key
 from ckptstore.position import Position
 from ckptstore.schema import CopyInfo, LastGood, NodeLocation, NotGood, PositionBody
+from server import queries
 from server.events import emit
 from server.models import END_OF_EPOCH, Checkpoint, Job, NodeSet, PositionRow, batch_key
 
@@ -39,13 +40,6 @@ __all__ = [
 ]
 
 NOT_GOOD_LIMIT = 20
-# Built once: the judge runs for every position a batch touched.
-_NODES_WITH_INTACT_COPY = select(func.count(distinct(Checkpoint.node))).where(
-    Checkpoint.job_id == bindparam("job_id"),
-    Checkpoint.epoch == bindparam("epoch"),
-    Checkpoint.batch_key == bindparam("key"),
-    Checkpoint.state == "committed",
-)
 
 
 @dataclass
@@ -194,7 +188,7 @@ def _judge(session: Session, job: Job, position: Position) -> None:
 
 def _nodes_with_intact_copy(session: Session, job: Job, position: Position) -> int:
     key = batch_key(position.batch)
-    return session.scalar(_NODES_WITH_INTACT_COPY, {"job_id": job.id, "epoch": position.epoch, "key": key}) or 0
+    return session.scalar(queries.NODES_WITH_INTACT_COPY, {"job_id": job.id, "epoch": position.epoch, "key": key}) or 0
 
 
 def newest_good(

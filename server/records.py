@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from sqlalchemy import bindparam, delete, func, literal, select
+from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
 from ckptstore.layout import checkpoint_location, normalize_root
@@ -28,10 +28,11 @@ from ckptstore.schema import (
     RetentionPlan,
     RetentionSpec,
 )
+from server import queries
 from server.errors import ApiError
 from server.events import emit
 from server.last_good import bump, expected_nodes, is_expected, judge_position, read_node_sets
-from server.models import Attempt, Checkpoint, Job, NodeSet, PositionRow, batch_key, insert_row
+from server.models import Checkpoint, Job, NodeSet, PositionRow, batch_key, insert_row
 from server.paging import Page
 from server.replication_events import RETENTION_REASONS, replication_events
 from server.settings import is_local_path, root_is_allowed
@@ -50,30 +51,6 @@ __all__ = [
     "require_node",
 ]
 
-# The hot write path's queries, built once (building one costs more than running it).
-_LOCK_JOB = select(Job).where(Job.name == bindparam("name")).with_for_update()
-_LOCK_JOBS = select(Job).where(Job.name.in_(bindparam("names", expanding=True))).order_by(Job.name).with_for_update()
-# The attempt's copies of the position, and the node's newest registered attempt, in one round trip:
-# one row of the newest attempt, outer-joined to each copy (None where there is none).
-_NEWEST_REGISTERED = (
-    select(func.max(Attempt.number))
-    .where(Attempt.job_id == bindparam("job_id"), Attempt.node == bindparam("node"))
-    .scalar_subquery()
-)
-_ONE_ROW = select(literal(1).label("one")).subquery()
-_COPIES_AND_NEWEST = (
-    select(_NEWEST_REGISTERED, Checkpoint)
-    .select_from(_ONE_ROW)
-    .outerjoin(
-        Checkpoint,
-        (Checkpoint.job_id == bindparam("job_id"))
-        & (Checkpoint.node == bindparam("node"))
-        & (Checkpoint.epoch == bindparam("epoch"))
-        & (Checkpoint.batch_key == bindparam("key"))
-        & (Checkpoint.attempt == bindparam("attempt")),
-    )
-)
-
 
 def find_job(session: Session, name: str) -> Job:
     job = session.scalar(select(Job).where(Job.name == name))
@@ -88,7 +65,7 @@ def lock_job(session: Session, name: str) -> Job:
     locked: dict[str, Job] = session.info.setdefault("locked_jobs", {})
     job = locked.get(name)
     if job is None:
-        job = session.scalar(_LOCK_JOB, {"name": name})
+        job = session.scalar(queries.LOCK_JOB, {"name": name})
         if job is None:
             raise ApiError.not_found(f"job {name!r} is not declared")
         locked[name] = job
@@ -99,7 +76,7 @@ def lock_jobs(session: Session, names: list[str]) -> None:
     """Lock the jobs of a group commit's writes in one statement, in name order (the order one-by-one
     locking takes), and read their node sets: `lock_job` and the node checks then find them held."""
     locked: dict[str, Job] = session.info.setdefault("locked_jobs", {})
-    jobs = list(session.scalars(_LOCK_JOBS, {"names": names}))
+    jobs = list(session.scalars(queries.LOCK_JOBS, {"names": names}))
     locked.update((job.name, job) for job in jobs)
     read_node_sets(session, jobs)
 
@@ -223,7 +200,8 @@ def commit_checkpoint(session: Session, job: Job, node: str, body: CommitRequest
         )
     key = batch_key(position.batch)
     found = session.execute(
-        _COPIES_AND_NEWEST, {"job_id": job.id, "node": node, "epoch": position.epoch, "key": key, "attempt": attempt}
+        queries.COPIES_AND_NEWEST,
+        {"job_id": job.id, "node": node, "epoch": position.epoch, "key": key, "attempt": attempt},
     ).all()
     newest_registered = found[0][0]
     copies = {row.tier: row for _, row in found if row is not None}

@@ -13,12 +13,13 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from sqlalchemy import bindparam, func, select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from ckptstore.names import ATTEMPT_LIMIT
 from ckptstore.position import Position
 from ckptstore.schema import AttemptInfo, PositionBody, ResumeAgreement, ResumeReport, SkippedCopy
+from server import queries
 from server.errors import ApiError
 from server.events import emit
 from server.last_good import expected_nodes
@@ -27,16 +28,6 @@ from server.paging import Page
 from server.records import require_node
 
 __all__ = ["start_attempt", "attempt_info", "list_attempts", "report_resume", "resume_agreement"]
-
-_MINE = (Attempt.job_id == bindparam("job_id")) & (Attempt.node == bindparam("node"))
-# Built once: building the expression costs more than running it (a 4,096-node job registers at once).
-_NUMBERS = select(  # one round trip: newest registered, newest committed, the one this key was answered
-    select(func.max(Attempt.number)).where(_MINE).scalar_subquery(),
-    select(func.max(Checkpoint.attempt_number))
-    .where(Checkpoint.job_id == bindparam("job_id"), Checkpoint.node == bindparam("node"))
-    .scalar_subquery(),
-    select(func.max(Attempt.number)).where(_MINE, Attempt.request_key == bindparam("key")).scalar_subquery(),
-)
 
 
 def start_attempt(
@@ -52,8 +43,8 @@ def start_attempt(
     (and at least `at_least`). A request re-sent with the `request_key` of one already answered (a
     client retrying after a lost answer) gets that attempt again instead of fencing it."""
     require_node(session, job, node)
-    numbers = session.execute(_NUMBERS, {"job_id": job.id, "node": node, "key": request_key}).one()
-    registered, committed, answered = numbers
+    mine = {"job_id": job.id, "node": node, "key": request_key}
+    registered, committed, answered = session.execute(queries.ATTEMPT_NUMBERS, mine).one()
     if request_key is not None and answered is not None:
         attempt = session.get(Attempt, (job.id, node, answered))
         assert attempt is not None, "the attempt the key named was read in this transaction"

@@ -99,7 +99,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         db = app.state.db = Database(make_engine(settings.database_url))
         app.state.answers = AnswerCache(settings.answer_cache_size)
         hub = app.state.hub = EventHub(
-            db, poll_seconds=settings.events_poll_seconds, heartbeat_seconds=settings.events_heartbeat_seconds
+            db,
+            poll_seconds=settings.events_poll_seconds,
+            heartbeat_seconds=settings.events_heartbeat_seconds,
+            window_seconds=settings.events_window_seconds,
         )
         await hub.start()
         dispatcher = WebhookDispatcher(db, settings)

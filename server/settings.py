@@ -94,6 +94,12 @@ class Settings(BaseSettings):
     events_heartbeat_seconds: float = Field(
         default=15.0, gt=0, le=300, description="an idle event stream sends a heartbeat this often"
     )
+    events_window_seconds: float = Field(
+        default=0.1,
+        gt=0,
+        le=1,
+        description="under a stream of commits, event streams are sent to at most this often (latency for service CPU)",
+    )
     events_poll_seconds: float = Field(
         default=0.5, gt=0, le=60, description="how often each process looks for events other processes wrote"
     )

@@ -6,9 +6,9 @@ The reader wakes when this process commits events, when PostgreSQL NOTIFYs that 
 notification connection). A subscriber first registers, then reads its backlog from the log, then
 takes live events, skipping ids it has already sent: nothing is missed and nothing is sent twice.
 A subscriber that falls too far behind reads from the log again. Under a stream of commits the
-reader wakes at most every `COALESCE_SECONDS`, each wake-up's events are encoded and joined once
-for every subscriber, each subscriber gets one queue item per wake-up, and sends whatever queued up
-since its last send as one chunk.
+reader wakes at most once a window (`CKPTSTORE_EVENTS_WINDOW_SECONDS`), each wake-up's events are
+encoded and joined once for every subscriber, each subscriber gets one queue item per wake-up, and
+sends whatever queued up since its last send as one chunk.
 """
 
 from __future__ import annotations
@@ -29,8 +29,6 @@ log = logging.getLogger("ckptstore.server")
 READ_LIMIT = 500
 QUEUE_LIMIT = 1_000  # reader wake-ups (each a batch of events) a stream may fall behind before it reads the log again
 HEARTBEAT = b": heartbeat\n\n"
-# 200 subscribers under 300 commits/s: one read and one send per 100 ms, not per commit (bench/RESULTS.md)
-COALESCE_SECONDS = 0.1
 
 
 def sse_frame(event: Event, *, named: bool = True, data: str | None = None) -> bytes:
@@ -108,9 +106,11 @@ class Subscription:
 class EventHub:
     """This process's reader of the event log (see module docstring)."""
 
-    def __init__(self, db: Database, *, poll_seconds: float, heartbeat_seconds: float):
+    def __init__(self, db: Database, *, poll_seconds: float, heartbeat_seconds: float, window_seconds: float):
         self.db = db
         self.poll_seconds, self.heartbeat_seconds = poll_seconds, heartbeat_seconds
+        # 200 subscribers under 500 commits/s: one read and one send per window, not per commit (bench/RESULTS.md)
+        self.window_seconds = window_seconds
         self.subscribers: set[Subscription] = set()
         self.read_through = 0
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -165,7 +165,7 @@ class EventHub:
                     subscriber.offer(batch)
             if len(events) == READ_LIMIT:
                 self._wake.set()
-            await asyncio.sleep(COALESCE_SECONDS)
+            await asyncio.sleep(self.window_seconds)
 
     async def events(
         self, after: int, *, job: str | None, types: frozenset[str] | None, named: bool = True

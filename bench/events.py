@@ -36,14 +36,18 @@ import asyncio, sys
 port, count = int(sys.argv[1]), int(sys.argv[2])
 received = 0
 async def subscriber(i):
+    # Reads what arrives in chunks and counts its data lines: reading line by line took 0.25-0.3 s of
+    # CPU per second from the 2 cores the service and wrk share (chunks: 0.05 s).
     global received
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(b"GET /v1/events HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    tail = b""
     while True:
-        line = await reader.readline()
-        if not line:
+        chunk = await reader.read(1 << 16)
+        if not chunk:
             return
-        received += line.startswith(b"data:")
+        received += (tail + chunk).count(b"\ndata: ")
+        tail = chunk[-6:]
 async def main():
     tasks = [asyncio.create_task(subscriber(i)) for i in range(count)]
     await asyncio.sleep(0.5)

@@ -3,13 +3,13 @@
 Each request hands its write (a function of the session) to `WriteBatcher.run` and awaits it. One
 writer thread takes whatever has queued up — up to MAX_BATCH writes — locks all their jobs in one
 statement, in name order (so two replicas never lock two jobs in opposite orders), runs the writes
-in that order, judges every touched position once, and commits once. Every write still gets its own answer: a refusal (`ApiError`, a conflicting insert)
-is raised in its own request and changes nothing — the batch is then run again with each write in
-its own savepoint, so the refusal rolls back only itself (savepoints cost more than the writes, so
-only a batch that needs them pays for them). A failed commit (the database away) is raised in
-every request of the batch, none of which is then recorded. The judge runs once per touched
-position per batch rather than once per write, which is what keeps a 4,096-node job's commits of
-one position linear.
+in that order, judges every touched position once, and commits once. Every write still gets its
+own answer: a refusal (`ApiError`, a conflicting insert) is raised in its own request and changes
+nothing — the batch is then run again with each write in its own savepoint, so the refusal rolls
+back only itself (savepoints cost more than the writes, so only a batch that needs them pays for
+them). A failed commit (the database away) is raised in every request of the batch, none of which
+is then recorded. The judge runs once per touched position per batch rather than once per write,
+which is what keeps a 4,096-node job's commits of one position linear.
 """
 
 from __future__ import annotations

@@ -104,7 +104,8 @@ def _node_sets(session: Session) -> dict[tuple[int, int], tuple[list[str], froze
 
 
 def _hold_node_set(session: Session, node_set: NodeSet) -> tuple[list[str], frozenset[str]]:
-    held = _node_sets(session)[(node_set.job_id, node_set.version)] = (list(node_set.nodes), frozenset(node_set.nodes))
+    held = (list(node_set.nodes), frozenset(node_set.nodes))
+    _node_sets(session)[(node_set.job_id, node_set.version)] = held
     return held
 
 

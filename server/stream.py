@@ -18,6 +18,7 @@ import json
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from ckptstore.events import Event
 from server.db import Database
@@ -60,16 +61,18 @@ class Encoded:
 
 @dataclass(frozen=True)
 class Batch:
-    """The events of one reader wake-up, in id order, with their frames joined once: a subscriber
-    that wants them all sends one ready chunk."""
+    """The events of one reader wake-up, in id order, with their frames joined once, when first
+    asked for: a subscriber that wants them all sends one ready chunk."""
 
     events: list[Encoded]
-    named: bytes
-    unnamed: bytes
 
-    @classmethod
-    def of(cls, events: list[Encoded]) -> Batch:
-        return cls(events, b"".join(e.named for e in events), b"".join(e.unnamed for e in events))
+    @cached_property
+    def named(self) -> bytes:
+        return b"".join(e.named for e in self.events)
+
+    @cached_property
+    def unnamed(self) -> bytes:
+        return b"".join(e.unnamed for e in self.events)
 
     def frames_after(self, last: int, *, named: bool) -> bytes:
         """The frames of the events with id above `last`."""
@@ -96,7 +99,7 @@ class Subscription:
             wanted = [e for e in batch.events if self.matches(e.event)]
             if not wanted:
                 return
-            batch = Batch.of(wanted)
+            batch = Batch(wanted)
         try:
             self.queue.put_nowait(batch)
         except asyncio.QueueFull:
@@ -160,7 +163,7 @@ class EventHub:
                 continue
             if events:
                 self.read_through = events[-1].id
-                batch = Batch.of([Encoded.of(event) for event in events])
+                batch = Batch([Encoded.of(event) for event in events])
                 for subscriber in self.subscribers:
                     subscriber.offer(batch)
             if len(events) == READ_LIMIT:

@@ -184,7 +184,7 @@ def test_a_subscriber_resuming_with_last_event_id_misses_nothing_and_sees_nothin
 
 def test_a_live_batch_overlapping_what_a_stream_sent_gives_only_the_newer_events():
     encoded = [Encoded.of(Event(id=i, type="checkpoint.committed", time=0.0, job="j")) for i in (5, 6, 7)]
-    batch = Batch.of(encoded)
+    batch = Batch(encoded)
     assert batch.frames_after(4, named=True) == b"".join(e.named for e in encoded)
     assert batch.frames_after(5, named=False) == encoded[1].unnamed + encoded[2].unnamed
     assert batch.frames_after(5, named=True).startswith(b"id: 6\nevent: checkpoint.committed\ndata: ")

@@ -151,8 +151,9 @@ class EventHub:
     async def _run(self) -> None:
         assert self._wake is not None
         while True:
-            try:
-                await asyncio.wait_for(self._wake.wait(), timeout=self.poll_seconds)
+            try:  # not wait_for: on Python 3.11 it swallows a stop() that lands as the wake-up does
+                async with asyncio.timeout(self.poll_seconds):
+                    await self._wake.wait()
             except TimeoutError:
                 pass
             self._wake.clear()

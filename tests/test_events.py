@@ -6,6 +6,7 @@ job; webhooks reach only allowed hosts and never show their secret."""
 
 from __future__ import annotations
 
+import asyncio
 import http.server
 import itertools
 import json
@@ -18,7 +19,9 @@ import pytest
 from ckptstore.events import EVENT_TYPES, Event, verify_signature
 from client import ServiceClient
 from client.commands import _event_line
-from server.stream import Batch, Encoded, Subscription
+from server.db import Database, make_engine
+from server.migrate import migrate
+from server.stream import Batch, Encoded, EventHub, Subscription
 from tests.builders import commit_body, declare
 from tests.conftest import service_settings
 from tests.live import LiveService, ScratchPostgres, postgres_available, wait_for
@@ -193,6 +196,28 @@ def test_a_live_batch_overlapping_what_a_stream_sent_gives_only_the_newer_events
     same_job.offer(batch)
     assert other_job.queue.empty()
     assert same_job.queue.get_nowait().frames_after(0, named=True) == batch.named
+
+
+def test_the_event_hub_stops_even_when_events_arrive_as_it_is_stopped(tmp_path):
+    """A wake-up landing in the same loop turn as the stop must not swallow the cancellation (as
+    `asyncio.wait_for` does on Python 3.11): the service would never finish shutting down."""
+    url = f"sqlite:///{tmp_path}/catalog.db"
+    migrate(url)
+    db = Database(make_engine(url))
+
+    async def start_and_stop() -> None:
+        hub = EventHub(db, poll_seconds=30, heartbeat_seconds=30, window_seconds=0)
+        await hub.start()
+        await asyncio.sleep(0.05)  # the hub waits for a wake-up
+        hub.wake()  # as the writer thread does: its event is set on the next loop turn, before the stop
+        await asyncio.sleep(0)
+        async with asyncio.timeout(5):
+            await hub.stop()
+
+    try:
+        asyncio.run(start_and_stop())
+    finally:
+        db.dispose()
 
 
 def test_a_reader_behind_the_log_window_gets_a_reset_and_the_rest(tmp_path):

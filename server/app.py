@@ -22,7 +22,7 @@ from server.auth import LoginRequired, NotYourJob, TokenAuth
 from server.batching import WriteBatcher
 from server.db import Database, make_engine
 from server.errors import STATUS_CODES, ApiError, error_body
-from server.fastpath import LastGoodFastPath
+from server.fastpath import LastGoodFastPath, WriteFastPath
 from server.metrics import METRICS
 from server.middleware import BodyLimit, RequestMetrics
 from server.origin import RequestGuard
@@ -135,7 +135,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(ui_router)
     _install_error_handlers(app)
     token = settings.token.get_secret_value() if settings.token else None
-    app.add_middleware(LastGoodFastPath)  # innermost: every middleware below still wraps it
+    app.add_middleware(WriteFastPath)  # innermost, with the next: every middleware below still wraps them
+    app.add_middleware(LastGoodFastPath)
     job_tokens = {job: secret.get_secret_value() for job, secret in settings.job_tokens.items()}
     app.add_middleware(TokenAuth, token=token, job_tokens=job_tokens)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)

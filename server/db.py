@@ -21,6 +21,10 @@ __all__ = ["make_engine", "Database", "SQLITE_PRAGMAS", "CHANNEL", "EVENTS_CHANN
 CHANNEL = "ckptstore_jobs"  # NOTIFY payload: "<version>:<job>" (version 0: the job was deleted)
 EVENTS_CHANNEL = "ckptstore_events"  # NOTIFY payload: the newest event id written
 
+_NOTIFY = text(
+    "SELECT pg_notify(channel, payload) FROM unnest(CAST(:channels AS text[]), CAST(:payloads AS text[]))"
+    " AS notes(channel, payload)"
+)
 SQLITE_PRAGMAS = {"journal_mode": "wal", "synchronous": 2, "busy_timeout": 30000, "foreign_keys": 1}
 
 
@@ -122,8 +126,9 @@ class Database:
         notes = [(CHANNEL, f"{0 if job is None else job.version}:{name}") for name, job in changed.items()]
         if newest_event is not None:
             notes.append((EVENTS_CHANNEL, str(newest_event)))
-        for channel, payload in notes:
-            session.execute(text("SELECT pg_notify(:channel, :payload)"), {"channel": channel, "payload": payload})
+        if notes:  # one round trip for a whole batch's jobs
+            channels, payloads = zip(*notes, strict=True)
+            session.execute(_NOTIFY, {"channels": list(channels), "payloads": list(payloads)})
 
     def dispose(self) -> None:
         self._close_version_connection()

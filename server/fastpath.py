@@ -1,27 +1,46 @@
-"""The hot read path: cached last-good answers served before FastAPI routing.
+"""The hot paths, answered before FastAPI routing: cached last-good answers, commits and attempt
+registrations.
 
-Sits innermost (auth, body limit, trusted hosts and metrics still wrap it). On a cache hit for
-`GET /v1/jobs/{job}/last-good-epoch[?max_epoch=N]` whose job version is unchanged, it answers with
-the cached bytes; anything else — a miss, a bad name, other parameters, a database error — goes to
-the FastAPI route, which computes the answer and fills the cache (or answers the error).
+Both sit innermost (auth, body limit, trusted hosts and metrics still wrap them).
+- `LastGoodFastPath`: on a cache hit for `GET /v1/jobs/{job}/last-good-epoch[?max_epoch=N]` whose
+  job version is unchanged, it answers with the cached bytes; anything else — a miss, a bad name,
+  other parameters, a database error — goes to the FastAPI route, which computes the answer and
+  fills the cache (or answers the error).
+- `WriteFastPath`: a well-formed `POST …/nodes/{node}/checkpoints` or `…/attempts` runs the route's
+  own write (`routes.checkpoints.recording`, `routes.attempts.registration`) in the group commit;
+  a refusal is answered by the app's own exception handlers. Anything it does not understand — a
+  bad name, a body that does not validate, another content type, a bad Idempotency-Key — goes to
+  the route with the body replayed, which answers it as always. Routing, dependency resolution
+  and response re-validation were half of a commit's time on the event loop.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Awaitable, Callable
 
-from starlette.types import ASGIApp, Receive, Scope, Send
+from pydantic import BaseModel, ValidationError
+from starlette.requests import Request
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ckptstore.errors import InvalidNameError
 from ckptstore.names import validate_name
+from ckptstore.schema import AttemptRequest, CommitRequest
+from server.batching import WriteBatcher
 from server.metrics import METRICS
+from server.routes.attempts import IDEMPOTENCY_KEY, registration
+from server.routes.checkpoints import commit_status, recording
 
-__all__ = ["LastGoodFastPath", "LAST_GOOD_ROUTE"]
+__all__ = ["LastGoodFastPath", "WriteFastPath", "LAST_GOOD_ROUTE"]
 
 LAST_GOOD_ROUTE = "/v1/jobs/{job}/last-good-epoch"
 _PATH = re.compile(r"/v1/jobs/([^/]+)/last-good-epoch\Z")
 _QUERY = re.compile(rb"(?:max_epoch=([0-9]{1,10}))?\Z")
 _HEADERS = [(b"content-type", b"application/json")]
+_WRITE = re.compile(r"/v1/jobs/([^/]+)/nodes/([^/]+)/(checkpoints|attempts)\Z")
+_KEY = re.compile(IDEMPOTENCY_KEY)
+_JSON_TYPES = (b"application/json", b"application/json; charset=utf-8")  # others: the route (server.origin)
+Answer = tuple[int, BaseModel]
 
 
 class LastGoodFastPath:
@@ -62,3 +81,100 @@ class LastGoodFastPath:
         except state.db.errors:  # the database is away: the route answers (503) through the app's handlers
             return None
         return None if version is None else state.answers.get((job, max_epoch), version)
+
+
+class WriteFastPath:
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        match = _WRITE.match(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
+        headers = dict(scope["headers"]) if match else {}
+        if match is None or headers.get(b"content-type") not in _JSON_TYPES:
+            await self.app(scope, receive, send)
+            return
+        body = await _read_body(receive)
+        if body is None:  # the client left, or the body limit answered already
+            return
+        write = _parse_write(match, body, headers)
+        if write is None:
+            await self.app(scope, _replay(body, receive), send)
+            return
+        route, run = write
+        scope["ckptstore_route"] = route
+        try:
+            status, answer = await run(scope["app"].state.writes)
+        except Exception as exc:
+            await _answer_error(scope, receive, send, exc)
+            return
+        payload = answer.model_dump_json().encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": _HEADERS + [(b"content-length", str(len(payload)).encode())],
+            }
+        )
+        await send({"type": "http.response.body", "body": payload})
+
+
+def _parse_write(
+    match: re.Match[str], body: bytes, headers: dict[bytes, bytes]
+) -> tuple[str, Callable[[WriteBatcher], Awaitable[Answer]]] | None:
+    """The route template and the write of a well-formed request; None for the route to answer."""
+    job, node, kind = match.groups()
+    try:
+        job, node = validate_name(job, kind="job"), validate_name(node, kind="node")
+        if kind == "checkpoints":
+            commit = CommitRequest.model_validate_json(body)
+        else:
+            attempt = AttemptRequest.model_validate_json(body) if body else None
+    except (InvalidNameError, ValidationError):
+        return None
+    if kind == "checkpoints":
+
+        async def record(writes: WriteBatcher) -> Answer:
+            record, created = await writes.run(job, recording(job, node, commit))
+            return commit_status(created), record
+
+        return "/v1/jobs/{job}/nodes/{node}/checkpoints", record
+    key = headers.get(b"idempotency-key")
+    key_text = None if key is None else key.decode("latin-1")
+    if key_text is not None and _KEY.match(key_text) is None:
+        return None
+
+    async def register(writes: WriteBatcher) -> Answer:
+        return 201, await writes.run(job, registration(job, node, attempt, key_text))
+
+    return "/v1/jobs/{job}/nodes/{node}/attempts", register
+
+
+async def _read_body(receive: Receive) -> bytes | None:
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return None
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """`receive` for the route: the body already read, then whatever comes next (a disconnect)."""
+    pending = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def replayed() -> Message:
+        return pending.pop() if pending else await receive()
+
+    return replayed
+
+
+async def _answer_error(scope: Scope, receive: Receive, send: Send, exc: Exception) -> None:
+    """Answer `exc` with the app's own exception handler for it (as the route's would be)."""
+    handlers = scope["app"].exception_handlers
+    handler = next((handlers[cls] for cls in type(exc).__mro__ if cls in handlers), None)
+    if handler is None:
+        raise exc
+    response = await handler(Request(scope, receive), exc)
+    await response(scope, receive, send)

@@ -188,8 +188,11 @@ def _judge(session: Session, job: Job, position: Position) -> None:
 
 
 def _nodes_with_intact_copy(session: Session, job: Job, position: Position) -> int:
+    """Counted on the connection: copies go in with Core and marks flush at once, so there is nothing
+    pending to flush first (the batch's job versions flush once, at its end)."""
     key = batch_key(position.batch)
-    return session.scalar(queries.NODES_WITH_INTACT_COPY, {"job_id": job.id, "epoch": position.epoch, "key": key}) or 0
+    parameters = {"job_id": job.id, "epoch": position.epoch, "key": key}
+    return session.connection().scalar(queries.NODES_WITH_INTACT_COPY, parameters) or 0
 
 
 def newest_good(

@@ -7,6 +7,7 @@ arrive, so the last-good answer reads a handful of indexed rows, never a scan.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from sqlalchemy import (
@@ -16,6 +17,7 @@ from sqlalchemy import (
     Float,
     ForeignKey,
     Index,
+    Insert,
     Integer,
     String,
     Text,
@@ -69,7 +71,12 @@ def insert_row(session: Session, row: Base) -> None:
     """Insert a new `row` with one Core statement, leaving it out of the session: on the hot write
     path the unit of work costs several times the INSERT. Queries read it back like any row."""
     values = {key: value for key, value in inspect(row).dict.items() if not key.startswith("_")}
-    session.connection().execute(insert(type(row)), values)
+    session.connection().execute(_insert(type(row)), values)
+
+
+@functools.cache
+def _insert(model: type[Base]) -> Insert:
+    return insert(model)
 
 
 class Job(Base):

@@ -7,9 +7,9 @@ statement here takes its values as parameters (`session.execute(STATEMENT, {...}
 
 from __future__ import annotations
 
-from sqlalchemy import bindparam, distinct, func, literal, select
+from sqlalchemy import bindparam, distinct, exists, func, literal, select
 
-from server.models import Attempt, Checkpoint, Job
+from server.models import Attempt, Checkpoint, Job, PositionRow
 
 __all__ = ["LOCK_JOB", "LOCK_JOBS", "COPIES_AND_NEWEST", "ATTEMPT_NUMBERS", "NODES_WITH_INTACT_COPY"]
 
@@ -21,19 +21,27 @@ _NEWEST_REGISTERED = (
     .where(Attempt.job_id == bindparam("job_id"), Attempt.node == bindparam("node"))
     .scalar_subquery()
 )
+_POSITION_KNOWN = exists().where(
+    PositionRow.job_id == bindparam("job_id"),
+    PositionRow.epoch == bindparam("epoch"),
+    PositionRow.batch_key == bindparam("key"),
+)
 _ONE_ROW = select(literal(1).label("one")).subquery()
-# An attempt's copies of a position and the node's newest registered attempt, in one round trip:
-# one row of the newest attempt, outer-joined to each copy (None where there is none).
+_CHECKPOINTS = Checkpoint.__table__
+# An attempt's copies of a position, the node's newest registered attempt and whether the position
+# has its row yet, in one round trip: one row of the last two, outer-joined to each copy (the copy's
+# columns None where there is none). Plain rows, run on the connection: no ORM loading, and no
+# autoflush of the batch's pending job versions, which this does not read.
 COPIES_AND_NEWEST = (
-    select(_NEWEST_REGISTERED, Checkpoint)
+    select(_NEWEST_REGISTERED.label("newest_registered"), _POSITION_KNOWN.label("position_known"), *_CHECKPOINTS.c)
     .select_from(_ONE_ROW)
     .outerjoin(
-        Checkpoint,
-        (Checkpoint.job_id == bindparam("job_id"))
-        & (Checkpoint.node == bindparam("node"))
-        & (Checkpoint.epoch == bindparam("epoch"))
-        & (Checkpoint.batch_key == bindparam("key"))
-        & (Checkpoint.attempt == bindparam("attempt")),
+        _CHECKPOINTS,
+        (_CHECKPOINTS.c.job_id == bindparam("job_id"))
+        & (_CHECKPOINTS.c.node == bindparam("node"))
+        & (_CHECKPOINTS.c.epoch == bindparam("epoch"))
+        & (_CHECKPOINTS.c.batch_key == bindparam("key"))
+        & (_CHECKPOINTS.c.attempt == bindparam("attempt")),
     )
 )
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from sqlalchemy import delete, func, select
-from sqlalchemy.orm import Session
+from sqlalchemy import Row, delete, func, select
+from sqlalchemy.orm import Session, make_transient_to_detached
 
 from ckptstore.layout import checkpoint_location, normalize_root
 from ckptstore.names import ATTEMPT_LIMIT, attempt_sort_key
@@ -32,7 +32,7 @@ from server import queries
 from server.errors import ApiError
 from server.events import emit
 from server.last_good import bump, expected_nodes, is_expected, judge_position, read_node_sets
-from server.models import Checkpoint, Job, NodeSet, PositionRow, batch_key, insert_row
+from server.models import Checkpoint, Job, NodeSet, PositionRow, batch_key, batch_of, insert_row
 from server.paging import Page
 from server.replication_events import RETENTION_REASONS, replication_events
 from server.settings import is_local_path, root_is_allowed
@@ -163,12 +163,13 @@ def require_node(session: Session, job: Job, node: str) -> None:
         raise ApiError.invalid(f"node {node!r} is not one of job {job.name!r}'s expected nodes")
 
 
-def _record(job: Job, row: Checkpoint) -> CheckpointRecord:
+def _record(job: Job, row: Checkpoint | Row[Any]) -> CheckpointRecord:
+    """The answer for a record: a loaded row, or a plain one of `queries.COPIES_AND_NEWEST`."""
     return CheckpointRecord(
         job=job.name,
         node=row.node,
         epoch=row.epoch,
-        batch=row.position.batch,
+        batch=batch_of(row.batch_key),
         attempt=row.attempt,
         step=row.step,
         location=row.location,
@@ -199,12 +200,16 @@ def commit_checkpoint(session: Session, job: Job, node: str, body: CommitRequest
             f"attempt {attempt}: attempt numbers stop below {ATTEMPT_LIMIT}, so that the counter can always go on"
         )
     key = batch_key(position.batch)
-    found = session.execute(
-        queries.COPIES_AND_NEWEST,
-        {"job_id": job.id, "node": node, "epoch": position.epoch, "key": key, "attempt": attempt},
-    ).all()
-    newest_registered = found[0][0]
-    copies = {row.tier: row for _, row in found if row is not None}
+    found = (
+        session.connection()
+        .execute(
+            queries.COPIES_AND_NEWEST,
+            {"job_id": job.id, "node": node, "epoch": position.epoch, "key": key, "attempt": attempt},
+        )
+        .all()
+    )
+    newest_registered, position_known = found[0].newest_registered, found[0].position_known
+    copies = {row.tier: row for row in found if row.tier is not None}
     # An older attempt may add a copy of a checkpoint it already recorded (replication finishing after
     # a restart); a new checkpoint from it is a zombie's.
     another_copy = any((c.bytes, c.checksums) == (body.bytes, body.checksums) for c in copies.values())
@@ -243,8 +248,7 @@ def commit_checkpoint(session: Session, job: Job, node: str, body: CommitRequest
         created_at=time.time(),
     )
     insert_row(session, row)
-    _ensure_position(session, job, position.epoch, key)
-    session.flush()
+    _ensure_position(session, job, position.epoch, key, known=position_known)
     judge_position(session, job, position)
     bump(session, job)
     emit(
@@ -263,17 +267,21 @@ def commit_checkpoint(session: Session, job: Job, node: str, body: CommitRequest
     return _record(job, row), True
 
 
-def _ensure_position(session: Session, job: Job, epoch: int, key: int) -> None:
-    """The position's row, added if new. Held for the transaction: the session keeps unchanged rows
-    only weakly, and a group commit's writes to one position would otherwise read it once each."""
+def _ensure_position(session: Session, job: Job, epoch: int, key: int, *, known: bool) -> None:
+    """The position's row, inserted if not `known` yet. Held for the transaction: the session keeps
+    unchanged rows only weakly, and a group commit's writes to one position would otherwise read it
+    once each. A new row goes in with one Core INSERT and joins the session as already persistent:
+    the judge reads and updates it without loading it back."""
     held: dict[tuple[int, int, int], PositionRow] = session.info.setdefault("position_rows", {})
     if (job.id, epoch, key) in held:
         return
-    row = session.get(PositionRow, (job.id, epoch, key))
+    row = session.get(PositionRow, (job.id, epoch, key)) if known else None
     if row is None:
         row = PositionRow(
             job_id=job.id, epoch=epoch, batch_key=key, nodes_version=job.nodes_version, good=False, durable=False
         )
+        insert_row(session, row)
+        make_transient_to_detached(row)
         session.add(row)
     held[(job.id, epoch, key)] = row
 

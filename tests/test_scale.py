@@ -66,6 +66,40 @@ def test_a_batch_answers_each_commit_as_it_would_alone(service, job_name):
         assert len(http.get(f"/v1/jobs/{job_name}/checkpoints").json()) == 2, "nothing recorded by refused batches"
 
 
+def test_commits_and_registrations_answered_before_routing_get_the_routes_answers(service, job_name):
+    """Well-formed commits and registrations skip FastAPI's routing (server.fastpath); the same
+    requests sent with a content type spelled as only the routes take it get the same answers."""
+    root = service.storage
+    routed = {"content-type": "Application/JSON"}
+    with service.client() as http:
+        declare(http, root, job_name, ["n0", "n1"])
+        attempts = f"/v1/jobs/{job_name}/nodes/n0/attempts"
+        fast = http.post(attempts, json={}, headers={"Idempotency-Key": "start-1"})
+        slow = http.post(attempts, content=b"{}", headers=routed | {"Idempotency-Key": "start-1"})
+        assert fast.status_code == slow.status_code == 201 and fast.json() == slow.json()
+        assert http.post(attempts, content=b"", headers=routed).json()["attempt"] == "2"
+        assert http.post(attempts, content=b"", headers={"content-type": "application/json"}).json()["attempt"] == "3"
+
+        path = f"/v1/jobs/{job_name}/nodes/n0/checkpoints"
+        body = commit_body(root, job_name, "n0", 0, attempt=3)
+        created = http.post(path, json=body)
+        repeated = http.post(path, content=json.dumps(body), headers=routed)
+        assert (created.status_code, repeated.status_code) == (201, 200) and created.json() == repeated.json()
+        refusals = [
+            body | {"bytes": 5},  # 409 conflict
+            commit_body(root, job_name, "n0", 1, attempt=2),  # 409 fenced
+            body | {"location": f"{root}/elsewhere"},  # 422 invalid
+            body | {"epoch": -1},  # 422 from validation: the fast path hands it to the route
+        ]
+        for refused in refusals:
+            answers = [http.post(path, json=refused), http.post(path, content=json.dumps(refused), headers=routed)]
+            assert answers[0].status_code == answers[1].status_code >= 400
+            assert answers[0].json() == answers[1].json()
+        unknown = [http.post(f"/v1/jobs/{job_name}-x/nodes/n0/checkpoints", json=body, headers=h) for h in ({}, routed)]
+        assert unknown[0].status_code == unknown[1].status_code == 404 and unknown[0].json() == unknown[1].json()
+        assert len(http.get(f"/v1/jobs/{job_name}/checkpoints").json()) == 1, "the refusals changed nothing"
+
+
 class CountingTransport(httpx.HTTPTransport):
     """Loopback HTTP that remembers each answered request (method, path, body)."""
 

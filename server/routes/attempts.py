@@ -3,6 +3,7 @@ agreement; the job's restart history."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Path
@@ -16,11 +17,12 @@ from server.errors import COMMON_ERRORS, error_responses
 
 router = APIRouter(prefix="/v1/jobs/{job}", tags=["attempts"], responses=COMMON_ERRORS)
 AttemptNumber = Annotated[int, Path(ge=1, lt=POSITION_LIMIT, description="the attempt's number")]
+IDEMPOTENCY_KEY = r"^[A-Za-z0-9._:-]{1,64}$"
 IdempotencyKey = Annotated[
     str | None,
     Header(
         alias="Idempotency-Key",
-        pattern=r"^[A-Za-z0-9._:-]{1,64}$",
+        pattern=IDEMPOTENCY_KEY,
         description="a key the client makes once per start; a retried request with it gets the same attempt",
     ),
 ]
@@ -31,7 +33,13 @@ async def start_attempt(
     job: JobName, node: NodeName, writes: WritesDep, body: AttemptRequest | None = None, key: IdempotencyKey = None
 ) -> AttemptInfo:
     """Number a new start of `node` (fencing every older attempt) and record where it resumed from;
-    a request repeating an answered one's Idempotency-Key gets that attempt again."""
+    a request repeating an answered one's Idempotency-Key gets that attempt again. Well-formed
+    registrations are answered before routing (`server.fastpath`), with the same function."""
+    return await writes.run(job, registration(job, node, body, key))
+
+
+def registration(job: str, node: str, body: AttemptRequest | None, key: str | None) -> Callable[[Session], AttemptInfo]:
+    """The group-commit write that numbers a new start of `node` in `job`."""
     resumed = body.resumed_from.to_position() if body and body.resumed_from else None
     at_least = body.at_least if body else None
 
@@ -40,7 +48,7 @@ async def start_attempt(
         attempt = restarts.start_attempt(session, row, node, resumed, at_least=at_least, request_key=key)
         return restarts.attempt_info(row, attempt)
 
-    return await writes.run(job, register)
+    return register
 
 
 @router.put("/nodes/{node}/attempts/{attempt}", response_model=AttemptInfo, responses=error_responses(409))

@@ -42,13 +42,22 @@ async def commit(
     job: JobName, node: NodeName, body: CommitRequest, writes: WritesDep, response: Response
 ) -> CheckpointRecord:
     """Record a committed checkpoint. Identical re-posts answer 200; other content 409 conflict; an
-    attempt older than the node's newest 409 fenced; a location not built from the key parts 422."""
-    record, created = await writes.run(
-        job, lambda session: records.commit_checkpoint(session, records.lock_job(session, job), node, body)
-    )
-    response.status_code = 201 if created else 200
-    METRICS.commits.labels("created" if created else "repeated").inc()
+    attempt older than the node's newest 409 fenced; a location not built from the key parts 422.
+    Well-formed commits are answered before routing (`server.fastpath`), with the same functions."""
+    record, created = await writes.run(job, recording(job, node, body))
+    response.status_code = commit_status(created)
     return record
+
+
+def recording(job: str, node: str, body: CommitRequest) -> Callable[[Session], tuple[CheckpointRecord, bool]]:
+    """The group-commit write that records `node`'s commit `body` in `job`."""
+    return lambda session: records.commit_checkpoint(session, records.lock_job(session, job), node, body)
+
+
+def commit_status(created: bool) -> int:
+    """Count a recorded commit; its status: 201 new, 200 an identical re-post."""
+    METRICS.commits.labels("created" if created else "repeated").inc()
+    return 201 if created else 200
 
 
 @router.post("/checkpoints/batch", response_model=list[CommitOutcome])
@@ -58,8 +67,7 @@ async def commit_batch(job: JobName, body: CommitBatch, writes: WritesDep) -> li
     (503) when nothing could be recorded."""
 
     def recorder(commit: NodeCommit) -> Callable[[Session], tuple[CheckpointRecord, bool]]:
-        request = CommitRequest.model_validate(commit.model_dump(exclude={"node"}))
-        return lambda session: records.commit_checkpoint(session, records.lock_job(session, job), commit.node, request)
+        return recording(job, commit.node, CommitRequest.model_validate(commit.model_dump(exclude={"node"})))
 
     futures = [asyncio.wrap_future(writes.submit(job, recorder(commit))) for commit in body.commits]
     return [_outcome(answer) for answer in await asyncio.gather(*futures, return_exceptions=True)]
@@ -76,8 +84,7 @@ def _outcome(answer: tuple[CheckpointRecord, bool] | BaseException) -> CommitOut
     if isinstance(answer, BaseException):
         raise answer  # the batch failed as a whole (the database away: 503)
     record, created = answer
-    METRICS.commits.labels("created" if created else "repeated").inc()
-    return CommitOutcome(status=201 if created else 200, record=record)
+    return CommitOutcome(status=commit_status(created), record=record)
 
 
 @router.get("/checkpoints", response_model=list[CheckpointRecord])

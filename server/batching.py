@@ -118,7 +118,7 @@ class WriteBatcher:
                     del session.info["events"][emitted:]  # what the refused write emitted never happened
                     # Row locks taken in the rolled-back savepoint are released: lock again later;
                     # what it read or bumped may have been its own rolled-back writes: again.
-                    for cache in ("locked_jobs", "node_sets", "bumped_jobs", "position_rows"):
+                    for cache in ("locked_jobs", "node_sets", "bumped_jobs", "position_rows", "fresh_positions"):
                         session.info.pop(cache, None)
                     outcomes.append((future, None, exc))
             run_deferred_judgments(session)

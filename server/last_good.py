@@ -161,11 +161,12 @@ def run_deferred_judgments(session: Session) -> None:
 
 
 def _judge(session: Session, job: Job, position: Position) -> None:
-    row = session.get(PositionRow, (job.id, position.epoch, batch_key(position.batch)))
+    where = (job.id, position.epoch, batch_key(position.batch))
+    row = session.get(PositionRow, where)
     assert row is not None, "a position row exists for every position with a checkpoint record"
     expected = expected_nodes(session, job, row.nodes_version)
-    if not (row.good or row.durable) and _nodes_with_intact_copy(session, job, position) < len(expected):
-        return  # still not good: counted in SQL, without loading the position's records
+    if not (row.good or row.durable) and _nodes_with_intact_copy(session, job, position, where) < len(expected):
+        return  # still not good: counted without loading the position's records
     current = parts(session, job, position)
     good = all(n in current and current[n].intact for n in expected)
     durable = all(n in current and current[n].durable for n in expected)
@@ -187,11 +188,16 @@ def _judge(session: Session, job: Job, position: Position) -> None:
         )
 
 
-def _nodes_with_intact_copy(session: Session, job: Job, position: Position) -> int:
-    """Counted on the connection: copies go in with Core and marks flush at once, so there is nothing
-    pending to flush first (the batch's job versions flush once, at its end)."""
-    key = batch_key(position.batch)
-    parameters = {"job_id": job.id, "epoch": position.epoch, "key": key}
+def _nodes_with_intact_copy(session: Session, job: Job, position: Position, where: tuple[int, int, int]) -> int:
+    """At most the nodes with an intact copy (a mark since may have made one not intact; the full
+    judgment follows when enough are counted). A position this transaction created has only the
+    copies it recorded (server.records counts their nodes); others are counted on the connection:
+    copies go in with Core and marks flush at once, so nothing is pending to flush first (the
+    batch's job versions flush once, at its end)."""
+    fresh = session.info.get("fresh_positions", {}).get(where)
+    if fresh is not None:
+        return len(fresh)
+    parameters = {"job_id": job.id, "epoch": position.epoch, "key": where[2]}
     return session.connection().scalar(queries.NODES_WITH_INTACT_COPY, parameters) or 0
 
 

@@ -248,7 +248,7 @@ def commit_checkpoint(session: Session, job: Job, node: str, body: CommitRequest
         created_at=time.time(),
     )
     insert_row(session, row)
-    _ensure_position(session, job, position.epoch, key, known=position_known)
+    _ensure_position(session, job, position.epoch, key, known=position_known, node=node)
     judge_position(session, job, position)
     bump(session, job)
     emit(
@@ -267,23 +267,28 @@ def commit_checkpoint(session: Session, job: Job, node: str, body: CommitRequest
     return _record(job, row), True
 
 
-def _ensure_position(session: Session, job: Job, epoch: int, key: int, *, known: bool) -> None:
-    """The position's row, inserted if not `known` yet. Held for the transaction: the session keeps
-    unchanged rows only weakly, and a group commit's writes to one position would otherwise read it
-    once each. A new row goes in with one Core INSERT and joins the session as already persistent:
-    the judge reads and updates it without loading it back."""
+def _ensure_position(session: Session, job: Job, epoch: int, key: int, *, known: bool, node: str) -> None:
+    """The row of the position `node` just committed, inserted if not `known` yet. Held for the
+    transaction: the session keeps unchanged rows only weakly, and a group commit's writes to one
+    position would otherwise read it once each. A new row goes in with one Core INSERT and joins the
+    session as already persistent: the judge reads and updates it without loading it back. For a
+    position this transaction created, every copy is one it recorded: the nodes are counted here."""
     held: dict[tuple[int, int, int], PositionRow] = session.info.setdefault("position_rows", {})
-    if (job.id, epoch, key) in held:
-        return
-    row = session.get(PositionRow, (job.id, epoch, key)) if known else None
-    if row is None:
-        row = PositionRow(
-            job_id=job.id, epoch=epoch, batch_key=key, nodes_version=job.nodes_version, good=False, durable=False
-        )
-        insert_row(session, row)
-        make_transient_to_detached(row)
-        session.add(row)
-    held[(job.id, epoch, key)] = row
+    fresh: dict[tuple[int, int, int], set[str]] = session.info.setdefault("fresh_positions", {})
+    where = (job.id, epoch, key)
+    if where not in held:
+        row = session.get(PositionRow, where) if known else None
+        if row is None:
+            row = PositionRow(
+                job_id=job.id, epoch=epoch, batch_key=key, nodes_version=job.nodes_version, good=False, durable=False
+            )
+            insert_row(session, row)
+            make_transient_to_detached(row)
+            session.add(row)
+            fresh[where] = set()
+        held[where] = row
+    if where in fresh:
+        fresh[where].add(node)
 
 
 def mark_checkpoint(session: Session, job: Job, node: str, body: MarkRequest) -> list[CheckpointRecord]:

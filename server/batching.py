@@ -19,11 +19,12 @@ import queue
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from server import held
 from server.db import Database
 from server.errors import ApiError
 from server.last_good import run_deferred_judgments
@@ -40,19 +41,20 @@ class WriteBatcher:
 
     def __init__(self, db: Database):
         self.db = db
-        self._queue: queue.SimpleQueue[tuple[str, Callable[[Session], Any], Future[Any]] | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[tuple[str, _Write] | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="ckptstore-group-commit", daemon=True)
         self._thread.start()
 
-    async def run(self, job: str, write: Callable[[Session], T]) -> T:
+    async def run(self, job: str, write: Callable[[Session], T], *, defers_inserts: bool = False) -> T:
         """Run `write` in the next group transaction; its result once that transaction committed (the
         request waits on the event loop: no worker thread is held per waiting request)."""
-        return await asyncio.wrap_future(self.submit(job, write))
+        return await asyncio.wrap_future(self.submit(job, write, defers_inserts=defers_inserts))
 
-    def submit(self, job: str, write: Callable[[Session], T]) -> Future[T]:
-        """Queue `write` for the next group transaction; writes of one job run in the order submitted."""
+    def submit(self, job: str, write: Callable[[Session], T], *, defers_inserts: bool = False) -> Future[T]:
+        """Queue `write` for the next group transaction; writes of one job run in the order submitted.
+        A write that `defers_inserts` may hold its new rows until later in the batch (server/held.py)."""
         future: Future[T] = Future()
-        self._queue.put((job, write, future))
+        self._queue.put((job, _Write(write, future, defers_inserts)))
         return future
 
     def close(self) -> None:
@@ -76,7 +78,7 @@ class WriteBatcher:
                 batch.append(item)
             self._commit(batch)
 
-    def _commit(self, batch: list[tuple[str, Callable[[Session], Any], Future[Any]]]) -> None:
+    def _commit(self, batch: list[tuple[str, _Write]]) -> None:
         ordered = sorted(batch, key=lambda item: item[0])
         try:
             try:
@@ -84,8 +86,8 @@ class WriteBatcher:
             except _Refused:  # a write was refused: again, each write in its own savepoint
                 outcomes = self._transaction(ordered, savepoints=True)
         except BaseException as exc:  # nothing of this batch was recorded: every request says so
-            for _, _, future in batch:
-                future.set_exception(exc)
+            for _, item in batch:
+                item.future.set_exception(exc)
             return
         for future, result, error in outcomes:
             if error is None:
@@ -94,17 +96,22 @@ class WriteBatcher:
                 future.set_exception(error)
 
     def _transaction(
-        self, ordered: list[tuple[str, Callable[[Session], Any], Future[Any]]], *, savepoints: bool
+        self, ordered: list[tuple[str, _Write]], *, savepoints: bool
     ) -> list[tuple[Future[Any], Any, BaseException | None]]:
         """Run the writes in one transaction and commit it. Without `savepoints` (the common case: a
         savepoint per write costs more than the write) the first refusal rolls everything back and
-        raises _Refused; with them, a refusal rolls back only its own write."""
+        raises _Refused, and new rows may be held until they are read (server/held.py); with them,
+        a refusal rolls back only its own write."""
         outcomes: list[tuple[Future[Any], Any, BaseException | None]] = []
         with self.db.write() as session:
             session.info["deferred_judgments"] = {}
-            lock_jobs(session, sorted({job for job, _, _ in ordered}))
-            for _, write, future in ordered:
+            lock_jobs(session, sorted({job for job, _ in ordered}))
+            if not savepoints:
+                held.start_holding(session)
+            for _, (write, future, defers_inserts) in ordered:
                 if not savepoints:
+                    if not defers_inserts:
+                        held.flush(session)
                     try:
                         outcomes.append((future, write(session), None))
                     except (ApiError, IntegrityError) as exc:
@@ -121,8 +128,15 @@ class WriteBatcher:
                     for cache in ("locked_jobs", "node_sets", "bumped_jobs", "position_rows", "fresh_positions"):
                         session.info.pop(cache, None)
                     outcomes.append((future, None, exc))
+            held.flush(session)
             run_deferred_judgments(session)
         return outcomes
+
+
+class _Write(NamedTuple):
+    write: Callable[[Session], Any]
+    future: Future[Any]
+    defers_inserts: bool
 
 
 class _Refused(Exception):

@@ -134,7 +134,7 @@ def _parse_write(
     if kind == "checkpoints":
 
         async def record(writes: WriteBatcher) -> Answer:
-            record, created = await writes.run(job, recording(job, node, commit))
+            record, created = await writes.run(job, recording(job, node, commit), defers_inserts=True)
             return commit_status(created), record
 
         return "/v1/jobs/{job}/nodes/{node}/checkpoints", record
@@ -144,7 +144,7 @@ def _parse_write(
         return None
 
     async def register(writes: WriteBatcher) -> Answer:
-        return 201, await writes.run(job, registration(job, node, attempt, key_text))
+        return 201, await writes.run(job, registration(job, node, attempt, key_text), defers_inserts=True)
 
     return "/v1/jobs/{job}/nodes/{node}/attempts", register
 

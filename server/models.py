@@ -8,6 +8,7 @@ arrive, so the last-good answer reads a handful of indexed rows, never a scan.
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import (
@@ -42,7 +43,7 @@ __all__ = [
     "RevokedSession",
     "EventRow",
     "Webhook",
-    "insert_row",
+    "insert_rows",
     "Delivery",
     "END_OF_EPOCH",
 ]
@@ -67,11 +68,16 @@ class Base(DeclarativeBase):
     pass
 
 
-def insert_row(session: Session, row: Base) -> None:
-    """Insert a new `row` with one Core statement, leaving it out of the session: on the hot write
-    path the unit of work costs several times the INSERT. Queries read it back like any row."""
-    values = {key: value for key, value in inspect(row).dict.items() if not key.startswith("_")}
-    session.connection().execute(_insert(type(row)), values)
+def insert_rows(session: Session, rows: Sequence[Base]) -> None:
+    """Insert new `rows` of one model with Core (one executemany per set of attributes given),
+    leaving them out of the session: on the hot write path the unit of work costs several times
+    the INSERT. Queries read them back like any row."""
+    by_columns: dict[frozenset[str], list[dict[str, Any]]] = {}
+    for row in rows:
+        values = {key: value for key, value in inspect(row).dict.items() if not key.startswith("_")}
+        by_columns.setdefault(frozenset(values), []).append(values)
+    for values_list in by_columns.values():
+        session.connection().execute(_insert(type(rows[0])), values_list)
 
 
 @functools.cache

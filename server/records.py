@@ -28,11 +28,11 @@ from ckptstore.schema import (
     RetentionPlan,
     RetentionSpec,
 )
-from server import queries
+from server import held, queries
 from server.errors import ApiError
 from server.events import emit
 from server.last_good import bump, expected_nodes, is_expected, judge_position, read_node_sets
-from server.models import Checkpoint, Job, NodeSet, PositionRow, batch_key, batch_of, insert_row
+from server.models import Checkpoint, Job, NodeSet, PositionRow, batch_key, batch_of
 from server.paging import Page
 from server.replication_events import RETENTION_REASONS, replication_events
 from server.settings import is_local_path, root_is_allowed
@@ -208,8 +208,10 @@ def commit_checkpoint(session: Session, job: Job, node: str, body: CommitRequest
         )
         .all()
     )
-    newest_registered, position_known = found[0].newest_registered, found[0].position_known
-    copies = {row.tier: row for row in found if row.tier is not None}
+    newest_registered = held.newest_attempt(session, job.id, node, found[0].newest_registered)
+    held_copies = held.copies_of(session, (job.id, node, position.epoch, key, attempt))
+    copies: dict[str, Checkpoint | Row[Any]] = {row.tier: row for row in found if row.tier is not None}
+    copies.update((row.tier, row) for row in held_copies)
     # An older attempt may add a copy of a checkpoint it already recorded (replication finishing after
     # a restart); a new checkpoint from it is a zombie's.
     another_copy = any((c.bytes, c.checksums) == (body.bytes, body.checksums) for c in copies.values())
@@ -247,8 +249,8 @@ def commit_checkpoint(session: Session, job: Job, node: str, body: CommitRequest
         state="committed",
         created_at=time.time(),
     )
-    insert_row(session, row)
-    _ensure_position(session, job, position.epoch, key, known=position_known, node=node)
+    held.hold(session, row)
+    _ensure_position(session, job, position.epoch, key, known=found[0].position_known, node=node)
     judge_position(session, job, position)
     bump(session, job)
     emit(
@@ -273,20 +275,20 @@ def _ensure_position(session: Session, job: Job, epoch: int, key: int, *, known:
     position would otherwise read it once each. A new row goes in with one Core INSERT and joins the
     session as already persistent: the judge reads and updates it without loading it back. For a
     position this transaction created, every copy is one it recorded: the nodes are counted here."""
-    held: dict[tuple[int, int, int], PositionRow] = session.info.setdefault("position_rows", {})
+    kept: dict[tuple[int, int, int], PositionRow] = session.info.setdefault("position_rows", {})
     fresh: dict[tuple[int, int, int], set[str]] = session.info.setdefault("fresh_positions", {})
     where = (job.id, epoch, key)
-    if where not in held:
+    if where not in kept:
         row = session.get(PositionRow, where) if known else None
         if row is None:
             row = PositionRow(
                 job_id=job.id, epoch=epoch, batch_key=key, nodes_version=job.nodes_version, good=False, durable=False
             )
-            insert_row(session, row)
+            held.hold(session, row)
             make_transient_to_detached(row)
             session.add(row)
             fresh[where] = set()
-        held[where] = row
+        kept[where] = row
     if where in fresh:
         fresh[where].add(node)
 

@@ -9,6 +9,7 @@ from sqlalchemy.orm import Session, aliased
 
 from ckptstore.names import Tier
 from ckptstore.position import Position
+from server import held
 from server.events import emit
 from server.models import Checkpoint, Job, batch_key
 
@@ -21,6 +22,7 @@ RETENTION_REASONS = ("retention", "local tier retention", "gc:")  # mark reasons
 def replication_events(session: Session, job: Job, node: str, position: Position, attempt: str, tier: Tier) -> None:
     if job.local_root is None:
         return
+    held.flush(session)  # the copies read below include this batch's
     if tier == "durable":
         local = session.scalar(
             select(Checkpoint.location).where(

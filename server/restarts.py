@@ -19,11 +19,11 @@ from sqlalchemy.orm import Session
 from ckptstore.names import ATTEMPT_LIMIT
 from ckptstore.position import Position
 from ckptstore.schema import AttemptInfo, PositionBody, ResumeAgreement, ResumeReport, SkippedCopy
-from server import queries
+from server import held, queries
 from server.errors import ApiError
 from server.events import emit
 from server.last_good import expected_nodes
-from server.models import Attempt, Checkpoint, Job, batch_key, insert_row
+from server.models import Attempt, Checkpoint, Job, batch_key
 from server.paging import Page
 from server.records import require_node
 
@@ -44,11 +44,17 @@ def start_attempt(
     client retrying after a lost answer) gets that attempt again instead of fencing it."""
     require_node(session, job, node)
     mine = {"job_id": job.id, "node": node, "key": request_key}
-    registered, committed, answered = session.execute(queries.ATTEMPT_NUMBERS, mine).one()
-    if request_key is not None and answered is not None:
-        attempt = session.get(Attempt, (job.id, node, answered))
-        assert attempt is not None, "the attempt the key named was read in this transaction"
-        return attempt
+    # On the connection: attempts and copies go in with Core, so nothing pending needs a flush first.
+    registered, committed, answered = session.connection().execute(queries.ATTEMPT_NUMBERS, mine).one()
+    registered = held.newest_attempt(session, job.id, node, registered)
+    committed = held.newest_committed(session, job.id, node, committed)
+    if request_key is not None:
+        again = held.keyed_attempt(session, job.id, node, request_key)
+        if again is None and answered is not None:
+            again = session.get(Attempt, (job.id, node, answered))
+            assert again is not None, "the attempt the key named was read in this transaction"
+        if again is not None:
+            return again
     now = time.time()
     if max(registered or 0, committed or 0) + 1 >= ATTEMPT_LIMIT:
         raise ApiError(409, "conflict", f"{node}'s attempt counter is exhausted (numbers stop below {ATTEMPT_LIMIT})")
@@ -61,7 +67,7 @@ def start_attempt(
         request_key=request_key,
     )
     _set_resumed(attempt, resumed_from, now)
-    insert_row(session, attempt)
+    held.hold(session, attempt)
     emit(session, "attempt.started", job.name, node=node, attempt=str(attempt.number), **_resumed(resumed_from))
     if registered:
         emit(session, "node.fenced", job.name, node=node, attempt=str(registered), by=str(attempt.number))

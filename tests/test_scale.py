@@ -8,6 +8,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import re
+import threading
 
 import httpx
 import numpy as np
@@ -98,6 +99,41 @@ def test_commits_and_registrations_answered_before_routing_get_the_routes_answer
         unknown = [http.post(f"/v1/jobs/{job_name}-x/nodes/n0/checkpoints", json=body, headers=h) for h in ({}, routed)]
         assert unknown[0].status_code == unknown[1].status_code == 404 and unknown[0].json() == unknown[1].json()
         assert len(http.get(f"/v1/jobs/{job_name}/checkpoints").json()) == 1, "the refusals changed nothing"
+
+
+def test_the_writes_of_one_group_transaction_see_the_rows_the_earlier_ones_hold(service, job_name):
+    """Commits and registrations hold their new rows until the end of their group transaction
+    (server/held.py); a later write of the same transaction must still see them: an Idempotency-Key
+    answered earlier in it, the node's newest attempt, an identical commit, the nodes of a position
+    it created. The writer is held up so that every request lands in one transaction."""
+    root = service.storage
+    writes = service.live.server.config.app.state.writes
+    other = f"{job_name}-b"
+    with service.client() as http:
+        declare(http, root, job_name, ["n0", "n1"])
+        declare(http, root, other, ["a", "b"])
+        gate = threading.Event()
+        writes.submit("", lambda session: gate.wait(10))
+        attempts = f"/v1/jobs/{job_name}/nodes/n0/attempts"
+        n1 = f"/v1/jobs/{job_name}/nodes/n1/checkpoints"
+        requests = [(attempts, {}, {"Idempotency-Key": "start-n0"})] * 3 + [(attempts, {}, {})] * 2
+        requests += [(n1, commit_body(root, job_name, "n1", 0), {})] * 2
+        requests += [(f"/v1/jobs/{other}/nodes/{n}/checkpoints", commit_body(root, other, n, 0), {}) for n in "ab"]
+        with concurrent.futures.ThreadPoolExecutor(len(requests)) as pool:
+            answers = [pool.submit(http.post, path, json=body, headers=h) for path, body, h in requests]
+            wait_for(lambda: writes._queue.qsize() >= len(requests), what="every request queued behind the gate")
+            gate.set()
+            answers = [a.result() for a in answers]
+    keyed, fresh = [a.json()["attempt"] for a in answers[:3]], [a.json()["attempt"] for a in answers[3:5]]
+    assert len(set(keyed)) == 1 and sorted({keyed[0], *fresh}) == ["1", "2", "3"], (keyed, fresh)
+    assert sorted(a.status_code for a in answers[5:7]) == [200, 201], "the identical re-post found the held copy"
+    assert [a.status_code for a in answers[7:]] == [201, 201]
+    with service.client() as http:
+        assert http.get(f"/v1/jobs/{other}/last-good-epoch").json()["epoch"] == 0, "both nodes counted"
+        assert len(http.get(f"/v1/jobs/{job_name}/attempts", params={"node": "n0"}).json()) == 3
+        assert [(r["node"], r["epoch"]) for r in http.get(f"/v1/jobs/{job_name}/checkpoints").json()] == [("n1", 0)]
+        late = http.post(f"/v1/jobs/{job_name}/nodes/n0/checkpoints", json=commit_body(root, job_name, "n0", 0))
+        assert late.status_code == 409 and late.json()["error"] == "fenced", "attempt 1 was fenced by 2 and 3"
 
 
 class CountingTransport(httpx.HTTPTransport):

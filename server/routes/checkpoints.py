@@ -44,7 +44,7 @@ async def commit(
     """Record a committed checkpoint. Identical re-posts answer 200; other content 409 conflict; an
     attempt older than the node's newest 409 fenced; a location not built from the key parts 422.
     Well-formed commits are answered before routing (`server.fastpath`), with the same functions."""
-    record, created = await writes.run(job, recording(job, node, body))
+    record, created = await writes.run(job, recording(job, node, body), defers_inserts=True)
     response.status_code = commit_status(created)
     return record
 
@@ -69,7 +69,9 @@ async def commit_batch(job: JobName, body: CommitBatch, writes: WritesDep) -> li
     def recorder(commit: NodeCommit) -> Callable[[Session], tuple[CheckpointRecord, bool]]:
         return recording(job, commit.node, CommitRequest.model_validate(commit.model_dump(exclude={"node"})))
 
-    futures = [asyncio.wrap_future(writes.submit(job, recorder(commit))) for commit in body.commits]
+    futures = [
+        asyncio.wrap_future(writes.submit(job, recorder(commit), defers_inserts=True)) for commit in body.commits
+    ]
     return [_outcome(answer) for answer in await asyncio.gather(*futures, return_exceptions=True)]
 
 

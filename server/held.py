@@ -1,0 +1,108 @@
+"""New attempts, copies and positions of a group commit's hot writes, held and inserted together.
+
+One INSERT per new row was most of a commit's or a registration's round trips on PostgreSQL. In
+a batch run without savepoints (server/batching.py), the writes that know about held rows
+(`recording`, `registration`: submitted with `defers_inserts`) hold their new rows here and
+consult them where they would have read them back — a node's newest attempt, its newest
+committed one, an Idempotency-Key's attempt, an attempt's copies of a position. Before any other
+write, before the judgments and before anything else reads those tables (`flush`), every held row
+is inserted, one executemany per table, so the rest of the service reads them from the database
+as before. Outside such a batch, `hold` inserts at once.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from sqlalchemy.orm import Session
+
+from server.models import Attempt, Base, Checkpoint, insert_rows
+
+__all__ = [
+    "Held",
+    "held_rows",
+    "hold",
+    "flush",
+    "start_holding",
+    "newest_attempt",
+    "newest_committed",
+    "copies_of",
+    "keyed_attempt",
+]
+
+_KEY = "held_rows"
+CopyKey = tuple[int, str, int, int, str]  # job id, node, epoch, batch key, attempt
+
+
+@dataclass
+class Held:
+    """What a batch's hot writes added and have not inserted yet."""
+
+    rows: dict[type[Base], list[Base]] = field(default_factory=lambda: defaultdict(list))
+    newest_attempt: dict[tuple[int, str], int] = field(default_factory=dict)
+    newest_committed: dict[tuple[int, str], int] = field(default_factory=dict)
+    keyed_attempts: dict[tuple[int, str, str], Attempt] = field(default_factory=dict)
+    copies: dict[CopyKey, list[Checkpoint]] = field(default_factory=lambda: defaultdict(list))
+
+
+def start_holding(session: Session) -> None:
+    """From now on, `hold` keeps rows for `flush` (the batch's transaction, without savepoints)."""
+    session.info[_KEY] = Held()
+
+
+def held_rows(session: Session) -> Held | None:
+    """What is held in this transaction, or None where rows are inserted at once."""
+    return session.info.get(_KEY)
+
+
+def hold(session: Session, row: Base) -> None:
+    """Insert `row` at the next `flush` (at once where nothing is held)."""
+    held = held_rows(session)
+    if held is None:
+        insert_rows(session, [row])
+        return
+    held.rows[type(row)].append(row)
+    if isinstance(row, Attempt):
+        where = (row.job_id, row.node)
+        held.newest_attempt[where] = max(held.newest_attempt.get(where, 0), row.number)
+        if row.request_key is not None:
+            held.keyed_attempts[(row.job_id, row.node, row.request_key)] = row
+    elif isinstance(row, Checkpoint):
+        where = (row.job_id, row.node)
+        held.newest_committed[where] = max(held.newest_committed.get(where, 0), row.attempt_number)
+        held.copies[(row.job_id, row.node, row.epoch, row.batch_key, row.attempt)].append(row)
+
+
+def flush(session: Session) -> None:
+    """Insert every held row, one executemany per table; the session keeps holding after."""
+    held = held_rows(session)
+    if held is None or not held.rows:
+        return
+    start_holding(session)
+    for rows in held.rows.values():
+        insert_rows(session, rows)
+
+
+def newest_attempt(session: Session, job_id: int, node: str, stored: int | None) -> int | None:
+    """The node's newest registered attempt: the `stored` one's number or a held one's."""
+    held = held_rows(session)
+    return stored if held is None else max(stored or 0, held.newest_attempt.get((job_id, node), 0)) or None
+
+
+def newest_committed(session: Session, job_id: int, node: str, stored: int | None) -> int | None:
+    """The node's newest attempt with a copy: the `stored` one's number or a held copy's."""
+    held = held_rows(session)
+    return stored if held is None else max(stored or 0, held.newest_committed.get((job_id, node), 0)) or None
+
+
+def copies_of(session: Session, key: CopyKey) -> list[Checkpoint]:
+    """The held copies of an attempt at a position."""
+    held = held_rows(session)
+    return [] if held is None else held.copies.get(key, [])
+
+
+def keyed_attempt(session: Session, job_id: int, node: str, request_key: str) -> Attempt | None:
+    """The held attempt registered with `request_key`."""
+    held = held_rows(session)
+    return None if held is None else held.keyed_attempts.get((job_id, node, request_key))

@@ -29,6 +29,7 @@ from server.db import Database
 from server.errors import ApiError
 from server.last_good import run_deferred_judgments
 from server.records import lock_jobs
+from server.restarts import read_attempt_numbers
 
 __all__ = ["WriteBatcher", "MAX_BATCH"]
 
@@ -45,16 +46,34 @@ class WriteBatcher:
         self._thread = threading.Thread(target=self._run, name="ckptstore-group-commit", daemon=True)
         self._thread.start()
 
-    async def run(self, job: str, write: Callable[[Session], T], *, defers_inserts: bool = False) -> T:
+    async def run(
+        self,
+        job: str,
+        write: Callable[[Session], T],
+        *,
+        defers_inserts: bool = False,
+        attempts_of: tuple[str, str | None] | None = None,
+    ) -> T:
         """Run `write` in the next group transaction; its result once that transaction committed (the
         request waits on the event loop: no worker thread is held per waiting request)."""
-        return await asyncio.wrap_future(self.submit(job, write, defers_inserts=defers_inserts))
+        return await asyncio.wrap_future(
+            self.submit(job, write, defers_inserts=defers_inserts, attempts_of=attempts_of)
+        )
 
-    def submit(self, job: str, write: Callable[[Session], T], *, defers_inserts: bool = False) -> Future[T]:
+    def submit(
+        self,
+        job: str,
+        write: Callable[[Session], T],
+        *,
+        defers_inserts: bool = False,
+        attempts_of: tuple[str, str | None] | None = None,
+    ) -> Future[T]:
         """Queue `write` for the next group transaction; writes of one job run in the order submitted.
-        A write that `defers_inserts` may hold its new rows until later in the batch (server/held.py)."""
+        A write that `defers_inserts` may hold its new rows until later in the batch (server/held.py);
+        one that reads the attempt numbers `attempts_of` a node (and an Idempotency-Key) has them read
+        with the batch's others (`restarts.read_attempt_numbers`)."""
         future: Future[T] = Future()
-        self._queue.put((job, _Write(write, future, defers_inserts)))
+        self._queue.put((job, _Write(write, future, defers_inserts, attempts_of)))
         return future
 
     def close(self) -> None:
@@ -108,7 +127,12 @@ class WriteBatcher:
             lock_jobs(session, sorted({job for job, _ in ordered}))
             if not savepoints:
                 held.start_holding(session)
-            for _, (write, future, defers_inserts) in ordered:
+                locked = session.info["locked_jobs"]
+                wanted = [
+                    (locked[job], *item.attempts_of) for job, item in ordered if item.attempts_of and job in locked
+                ]
+                read_attempt_numbers(session, wanted)
+            for _, (write, future, defers_inserts, _) in ordered:
                 if not savepoints:
                     if not defers_inserts:
                         held.flush(session)
@@ -137,6 +161,7 @@ class _Write(NamedTuple):
     write: Callable[[Session], Any]
     future: Future[Any]
     defers_inserts: bool
+    attempts_of: tuple[str, str | None] | None
 
 
 class _Refused(Exception):

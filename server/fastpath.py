@@ -144,7 +144,9 @@ def _parse_write(
         return None
 
     async def register(writes: WriteBatcher) -> Answer:
-        return 201, await writes.run(job, registration(job, node, attempt, key_text), defers_inserts=True)
+        return 201, await writes.run(
+            job, registration(job, node, attempt, key_text), defers_inserts=True, attempts_of=(node, key_text)
+        )
 
     return "/v1/jobs/{job}/nodes/{node}/attempts", register
 

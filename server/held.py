@@ -44,6 +44,10 @@ class Held:
     newest_committed: dict[tuple[int, str], int] = field(default_factory=dict)
     keyed_attempts: dict[tuple[int, str, str], Attempt] = field(default_factory=dict)
     copies: dict[CopyKey, list[Checkpoint]] = field(default_factory=lambda: defaultdict(list))
+    # Read for the batch's registrations at its start (server.restarts.read_attempt_numbers); a flush
+    # starts a new Held, so they are never read beside rows inserted since.
+    stored_numbers: dict[tuple[int, str], tuple[int | None, int | None]] = field(default_factory=dict)
+    stored_keys: dict[tuple[int, str, str], int | None] = field(default_factory=dict)
 
 
 def start_holding(session: Session) -> None:
@@ -82,6 +86,22 @@ def flush(session: Session) -> None:
     start_holding(session)
     for rows in held.rows.values():
         insert_rows(session, rows)
+
+
+def stored_attempt_numbers(
+    session: Session, job_id: int, node: str, request_key: str | None
+) -> tuple[int | None, int | None, int | None] | None:
+    """The node's newest registered and committed attempts and the key's attempt as stored before
+    the batch (`queries.ATTEMPT_NUMBERS`), where they were read at its start; else None."""
+    held = held_rows(session)
+    numbers = None if held is None else held.stored_numbers.get((job_id, node))
+    if held is None or numbers is None:
+        return None
+    if request_key is None:
+        return (*numbers, None)
+    if (job_id, node, request_key) not in held.stored_keys:
+        return None
+    return (*numbers, held.stored_keys[(job_id, node, request_key)])
 
 
 def newest_attempt(session: Session, job_id: int, node: str, stored: int | None) -> int | None:

@@ -7,11 +7,19 @@ statement here takes its values as parameters (`session.execute(STATEMENT, {...}
 
 from __future__ import annotations
 
-from sqlalchemy import bindparam, distinct, exists, func, literal, select
+from sqlalchemy import bindparam, distinct, exists, func, literal, select, union_all
 
 from server.models import Attempt, Checkpoint, Job, PositionRow
 
-__all__ = ["LOCK_JOB", "LOCK_JOBS", "COPIES_AND_NEWEST", "ATTEMPT_NUMBERS", "NODES_WITH_INTACT_COPY"]
+__all__ = [
+    "LOCK_JOB",
+    "LOCK_JOBS",
+    "COPIES_AND_NEWEST",
+    "ATTEMPT_NUMBERS",
+    "NODES_WITH_INTACT_COPY",
+    "NEWEST_ATTEMPTS_OF_NODES",
+    "KEYED_ATTEMPTS",
+]
 
 LOCK_JOB = select(Job).where(Job.name == bindparam("name")).with_for_update()
 LOCK_JOBS = select(Job).where(Job.name.in_(bindparam("names", expanding=True))).order_by(Job.name).with_for_update()
@@ -53,6 +61,26 @@ ATTEMPT_NUMBERS = select(
     .where(Checkpoint.job_id == bindparam("job_id"), Checkpoint.node == bindparam("node"))
     .scalar_subquery(),
     select(func.max(Attempt.number)).where(_MINE, Attempt.request_key == bindparam("key")).scalar_subquery(),
+)
+
+# Several nodes' newest registered (kind "a") and newest committed (kind "c") attempts, in one round
+# trip: a group commit's registrations read them once for the batch.
+NEWEST_ATTEMPTS_OF_NODES = union_all(
+    select(literal("a").label("kind"), Attempt.job_id, Attempt.node, func.max(Attempt.number).label("number"))
+    .where(
+        Attempt.job_id.in_(bindparam("job_ids", expanding=True)), Attempt.node.in_(bindparam("nodes", expanding=True))
+    )
+    .group_by(Attempt.job_id, Attempt.node),
+    select(literal("c"), Checkpoint.job_id, Checkpoint.node, func.max(Checkpoint.attempt_number))
+    .where(
+        Checkpoint.job_id.in_(bindparam("job_ids", expanding=True)),
+        Checkpoint.node.in_(bindparam("nodes", expanding=True)),
+    )
+    .group_by(Checkpoint.job_id, Checkpoint.node),
+)
+# The attempts registered with some Idempotency-Keys.
+KEYED_ATTEMPTS = select(Attempt.job_id, Attempt.node, Attempt.request_key, Attempt.number).where(
+    Attempt.job_id.in_(bindparam("job_ids", expanding=True)), Attempt.request_key.in_(bindparam("keys", expanding=True))
 )
 
 # How many nodes have a committed copy at a position (the judge's first, cheap test).

@@ -27,7 +27,14 @@ from server.models import Attempt, Checkpoint, Job, batch_key
 from server.paging import Page
 from server.records import require_node
 
-__all__ = ["start_attempt", "attempt_info", "list_attempts", "report_resume", "resume_agreement"]
+__all__ = [
+    "start_attempt",
+    "read_attempt_numbers",
+    "attempt_info",
+    "list_attempts",
+    "report_resume",
+    "resume_agreement",
+]
 
 
 def start_attempt(
@@ -43,9 +50,12 @@ def start_attempt(
     (and at least `at_least`). A request re-sent with the `request_key` of one already answered (a
     client retrying after a lost answer) gets that attempt again instead of fencing it."""
     require_node(session, job, node)
-    mine = {"job_id": job.id, "node": node, "key": request_key}
-    # On the connection: attempts and copies go in with Core, so nothing pending needs a flush first.
-    registered, committed, answered = session.connection().execute(queries.ATTEMPT_NUMBERS, mine).one()
+    numbers = held.stored_attempt_numbers(session, job.id, node, request_key)
+    if numbers is None:
+        mine = {"job_id": job.id, "node": node, "key": request_key}
+        # On the connection: attempts and copies go in with Core, so nothing pending needs a flush first.
+        numbers = tuple(session.connection().execute(queries.ATTEMPT_NUMBERS, mine).one())
+    registered, committed, answered = numbers
     registered = held.newest_attempt(session, job.id, node, registered)
     committed = held.newest_committed(session, job.id, node, committed)
     if request_key is not None:
@@ -72,6 +82,31 @@ def start_attempt(
     if registered:
         emit(session, "node.fenced", job.name, node=node, attempt=str(registered), by=str(attempt.number))
     return attempt
+
+
+def read_attempt_numbers(session: Session, registrations: list[tuple[Job, str, str | None]]) -> None:
+    """Read, for a batch whose new rows are held, what its `registrations` (job, node, Idempotency-Key)
+    will ask `start_attempt` for, in one or two round trips instead of one each."""
+    rows = held.held_rows(session)
+    if rows is None or not registrations:
+        return
+    job_ids = sorted({job.id for job, _, _ in registrations})
+    nodes = sorted({node for _, node, _ in registrations})
+    found: dict[tuple[str, int, str], int] = {}
+    for kind, job_id, node, number in session.connection().execute(
+        queries.NEWEST_ATTEMPTS_OF_NODES, {"job_ids": job_ids, "nodes": nodes}
+    ):
+        found[(kind, job_id, node)] = number
+    for job, node, _ in registrations:
+        rows.stored_numbers[(job.id, node)] = (found.get(("a", job.id, node)), found.get(("c", job.id, node)))
+    keys = sorted({key for _, _, key in registrations if key is not None})
+    if keys:
+        rows.stored_keys.update(((job.id, node, key), None) for job, node, key in registrations if key is not None)
+        for job_id, node, key, number in session.connection().execute(
+            queries.KEYED_ATTEMPTS, {"job_ids": job_ids, "keys": keys}
+        ):
+            if key is not None and (job_id, node, key) in rows.stored_keys:
+                rows.stored_keys[(job_id, node, key)] = number
 
 
 def _resumed(position: Position | None) -> dict[str, Any]:

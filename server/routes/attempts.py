@@ -35,7 +35,7 @@ async def start_attempt(
     """Number a new start of `node` (fencing every older attempt) and record where it resumed from;
     a request repeating an answered one's Idempotency-Key gets that attempt again. Well-formed
     registrations are answered before routing (`server.fastpath`), with the same function."""
-    return await writes.run(job, registration(job, node, body, key), defers_inserts=True)
+    return await writes.run(job, registration(job, node, body, key), defers_inserts=True, attempts_of=(node, key))
 
 
 def registration(job: str, node: str, body: AttemptRequest | None, key: str | None) -> Callable[[Session], AttemptInfo]:

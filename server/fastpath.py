@@ -44,6 +44,8 @@ Answer = tuple[int, BaseModel]
 
 
 class LastGoodFastPath:
+    """Cached last-good answers, sent without routing (module docstring)."""
+
     def __init__(self, app: ASGIApp):
         self.app = app
 
@@ -84,6 +86,8 @@ class LastGoodFastPath:
 
 
 class WriteFastPath:
+    """Well-formed commits and attempt registrations, recorded without routing (module docstring)."""
+
     def __init__(self, app: ASGIApp):
         self.app = app
 

@@ -7,7 +7,8 @@ consult them where they would have read them back — a node's newest attempt, i
 committed one, an Idempotency-Key's attempt, an attempt's copies of a position. Before any other
 write, before the judgments and before anything else reads those tables (`flush`), every held row
 is inserted, one executemany per table, so the rest of the service reads them from the database
-as before. Outside such a batch, `hold` inserts at once.
+as before. Outside such a batch, `hold` inserts at once. The numbers registrations read from the
+database are read once for the whole batch, at its start (`server.restarts.read_attempt_numbers`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ __all__ = [
     "newest_committed",
     "copies_of",
     "keyed_attempt",
+    "stored_attempt_numbers",
 ]
 
 _KEY = "held_rows"

@@ -16,9 +16,9 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, make_transient_to_detached
 
-from server.models import Attempt, Base, Checkpoint, insert_rows
+from server.models import Attempt, Base, Checkpoint, Job, PositionRow, insert_rows
 
 __all__ = [
     "Held",
@@ -31,6 +31,8 @@ __all__ = [
     "copies_of",
     "keyed_attempt",
     "stored_attempt_numbers",
+    "hold_position",
+    "fresh_nodes",
 ]
 
 _KEY = "held_rows"
@@ -78,6 +80,36 @@ def hold(session: Session, row: Base) -> None:
         where = (row.job_id, row.node)
         held.newest_committed[where] = max(held.newest_committed.get(where, 0), row.attempt_number)
         held.copies[(row.job_id, row.node, row.epoch, row.batch_key, row.attempt)].append(row)
+
+
+def hold_position(session: Session, job: Job, epoch: int, key: int, *, known: bool, node: str) -> None:
+    """The row of the position `node` just committed, inserted if not `known` yet. Held for the
+    transaction: the session keeps unchanged rows only weakly, and a group commit's writes to one
+    position would otherwise read it once each. A new row goes in with one Core INSERT and joins the
+    session as already persistent: the judge reads and updates it without loading it back. For a
+    position this transaction created, every copy is one it recorded: the nodes are counted here."""
+    kept: dict[tuple[int, int, int], PositionRow] = session.info.setdefault("position_rows", {})
+    fresh: dict[tuple[int, int, int], set[str]] = session.info.setdefault("fresh_positions", {})
+    where = (job.id, epoch, key)
+    if where not in kept:
+        row = session.get(PositionRow, where) if known else None
+        if row is None:
+            row = PositionRow(
+                job_id=job.id, epoch=epoch, batch_key=key, nodes_version=job.nodes_version, good=False, durable=False
+            )
+            hold(session, row)
+            make_transient_to_detached(row)
+            session.add(row)
+            fresh[where] = set()
+        kept[where] = row
+    if where in fresh:
+        fresh[where].add(node)
+
+
+def fresh_nodes(session: Session, where: tuple[int, int, int]) -> set[str] | None:
+    """The nodes that committed a position (job id, epoch, batch key) this transaction created — all
+    of its copies; None for a position that existed before."""
+    return session.info.get("fresh_positions", {}).get(where)
 
 
 def flush(session: Session) -> None:

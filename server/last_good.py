@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 from ckptstore.names import attempt_sort_key
 from ckptstore.position import Position
 from ckptstore.schema import CopyInfo, LastGood, NodeLocation, NotGood, PositionBody
-from server import queries
+from server import held, queries
 from server.events import emit
 from server.models import END_OF_EPOCH, Checkpoint, Job, NodeSet, PositionRow, batch_key
 
@@ -104,9 +104,9 @@ def _node_sets(session: Session) -> dict[tuple[int, int], tuple[list[str], froze
 
 
 def _hold_node_set(session: Session, node_set: NodeSet) -> tuple[list[str], frozenset[str]]:
-    held = (list(node_set.nodes), frozenset(node_set.nodes))
-    _node_sets(session)[(node_set.job_id, node_set.version)] = held
-    return held
+    nodes = (list(node_set.nodes), frozenset(node_set.nodes))
+    _node_sets(session)[(node_set.job_id, node_set.version)] = nodes
+    return nodes
 
 
 def bump(session: Session, job: Job) -> None:
@@ -191,10 +191,10 @@ def _judge(session: Session, job: Job, position: Position) -> None:
 def _nodes_with_intact_copy(session: Session, job: Job, position: Position, where: tuple[int, int, int]) -> int:
     """At most the nodes with an intact copy (a mark since may have made one not intact; the full
     judgment follows when enough are counted). A position this transaction created has only the
-    copies it recorded (server.records counts their nodes); others are counted on the connection:
+    copies it recorded (`held.hold_position` counts their nodes); others are counted on the connection:
     copies go in with Core and marks flush at once, so nothing is pending to flush first (the
     batch's job versions flush once, at its end)."""
-    fresh = session.info.get("fresh_positions", {}).get(where)
+    fresh = held.fresh_nodes(session, where)
     if fresh is not None:
         return len(fresh)
     parameters = {"job_id": job.id, "epoch": position.epoch, "key": where[2]}

@@ -11,7 +11,7 @@ import time
 from typing import Any
 
 from sqlalchemy import Row, delete, func, select
-from sqlalchemy.orm import Session, make_transient_to_detached
+from sqlalchemy.orm import Session
 
 from ckptstore.layout import checkpoint_location, normalize_root
 from ckptstore.names import ATTEMPT_LIMIT, attempt_sort_key
@@ -250,7 +250,7 @@ def commit_checkpoint(session: Session, job: Job, node: str, body: CommitRequest
         created_at=time.time(),
     )
     held.hold(session, row)
-    _ensure_position(session, job, position.epoch, key, known=found[0].position_known, node=node)
+    held.hold_position(session, job, position.epoch, key, known=found[0].position_known, node=node)
     judge_position(session, job, position)
     bump(session, job)
     emit(
@@ -267,30 +267,6 @@ def commit_checkpoint(session: Session, job: Job, node: str, body: CommitRequest
     )
     replication_events(session, job, node, position, attempt, body.tier)
     return _record(job, row), True
-
-
-def _ensure_position(session: Session, job: Job, epoch: int, key: int, *, known: bool, node: str) -> None:
-    """The row of the position `node` just committed, inserted if not `known` yet. Held for the
-    transaction: the session keeps unchanged rows only weakly, and a group commit's writes to one
-    position would otherwise read it once each. A new row goes in with one Core INSERT and joins the
-    session as already persistent: the judge reads and updates it without loading it back. For a
-    position this transaction created, every copy is one it recorded: the nodes are counted here."""
-    kept: dict[tuple[int, int, int], PositionRow] = session.info.setdefault("position_rows", {})
-    fresh: dict[tuple[int, int, int], set[str]] = session.info.setdefault("fresh_positions", {})
-    where = (job.id, epoch, key)
-    if where not in kept:
-        row = session.get(PositionRow, where) if known else None
-        if row is None:
-            row = PositionRow(
-                job_id=job.id, epoch=epoch, batch_key=key, nodes_version=job.nodes_version, good=False, durable=False
-            )
-            held.hold(session, row)
-            make_transient_to_detached(row)
-            session.add(row)
-            fresh[where] = set()
-        kept[where] = row
-    if where in fresh:
-        fresh[where].add(node)
 
 
 def mark_checkpoint(session: Session, job: Job, node: str, body: MarkRequest) -> list[CheckpointRecord]:

@@ -49,8 +49,20 @@ def _current_revision(engine: Engine) -> str | None:
 
 def migrate(url: str, *, engine: Engine | None = None) -> None:
     """Bring the database at `url` to the newest schema (a no-op, without loading Alembic's
-    migration scripts, when it is already there)."""
-    engine = engine or make_engine(url)
+    migration scripts, when it is already there). An engine made here is disposed of before
+    returning: its connections close now, not whenever the garbage collector gets to them (on
+    SQLite the last close is what checkpoints the migration's write-ahead log)."""
+    if engine is not None:
+        _upgrade(engine)
+        return
+    engine = make_engine(url)
+    try:
+        _upgrade(engine)
+    finally:
+        engine.dispose()
+
+
+def _upgrade(engine: Engine) -> None:
     current = _current_revision(engine)
     if current == HEAD_REVISION:
         return

@@ -40,7 +40,7 @@ _HEADERS = [(b"content-type", b"application/json")]
 _WRITE = re.compile(r"/v1/jobs/([^/]+)/nodes/([^/]+)/(checkpoints|attempts)\Z")
 _KEY = re.compile(IDEMPOTENCY_KEY)
 _JSON_TYPES = (b"application/json", b"application/json; charset=utf-8")  # others: the route (server.origin)
-Answer = tuple[int, BaseModel]
+_Answer = tuple[int, BaseModel]
 
 
 class LastGoodFastPath:
@@ -124,7 +124,7 @@ class WriteFastPath:
 
 def _parse_write(
     match: re.Match[str], body: bytes, headers: dict[bytes, bytes]
-) -> tuple[str, Callable[[WriteBatcher], Awaitable[Answer]]] | None:
+) -> tuple[str, Callable[[WriteBatcher], Awaitable[_Answer]]] | None:
     """The route template and the write of a well-formed request; None for the route to answer."""
     job, node, kind = match.groups()
     try:
@@ -137,7 +137,7 @@ def _parse_write(
         return None
     if kind == "checkpoints":
 
-        async def record(writes: WriteBatcher) -> Answer:
+        async def record(writes: WriteBatcher) -> _Answer:
             record, created = await writes.run(job, recording(job, node, commit), defers_inserts=True)
             return commit_status(created), record
 
@@ -147,7 +147,7 @@ def _parse_write(
     if key_text is not None and _KEY.match(key_text) is None:
         return None
 
-    async def register(writes: WriteBatcher) -> Answer:
+    async def register(writes: WriteBatcher) -> _Answer:
         return 201, await writes.run(
             job, registration(job, node, attempt, key_text), defers_inserts=True, attempts_of=(node, key_text)
         )

@@ -85,8 +85,9 @@ def hold(session: Session, row: Base) -> None:
 def hold_position(session: Session, job: Job, epoch: int, key: int, *, known: bool, node: str) -> None:
     """The row of the position `node` just committed, inserted if not `known` yet. Held for the
     transaction: the session keeps unchanged rows only weakly, and a group commit's writes to one
-    position would otherwise read it once each. A new row goes in with one Core INSERT and joins the
-    session as already persistent: the judge reads and updates it without loading it back. For a
+    position would otherwise read it once each. A new row is held (`hold`: inserted with Core, not
+    by the unit of work) and joins the session as already persistent: the judge, which runs after
+    the flush, reads and updates it without loading it back. For a
     position this transaction created, every copy is one it recorded: the nodes are counted here."""
     kept: dict[tuple[int, int, int], PositionRow] = session.info.setdefault("position_rows", {})
     fresh: dict[tuple[int, int, int], set[str]] = session.info.setdefault("fresh_positions", {})

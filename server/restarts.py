@@ -105,8 +105,9 @@ def read_attempt_numbers(session: Session, registrations: list[tuple[Job, str, s
         for job_id, node, key, number in session.connection().execute(
             queries.KEYED_ATTEMPTS, {"job_ids": job_ids, "keys": keys}
         ):
-            if key is not None and (job_id, node, key) in rows.stored_keys:
-                rows.stored_keys[(job_id, node, key)] = number
+            where = (job_id, node, key)
+            if key is not None and where in rows.stored_keys:  # the highest, as queries.ATTEMPT_NUMBERS reads it
+                rows.stored_keys[where] = max(number, rows.stored_keys[where] or 0)
 
 
 def _resumed(position: Position | None) -> dict[str, Any]:

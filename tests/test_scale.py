@@ -117,7 +117,7 @@ def test_the_writes_of_one_group_transaction_see_the_rows_the_earlier_ones_hold(
         declare(http, root, other, ["a", "b"])
         assert http.post(attempts, json={}, headers={"Idempotency-Key": "start-0"}).json()["attempt"] == "1"
         gate = threading.Event()
-        writes.submit("", lambda session: gate.wait(10))
+        writes.submit("", lambda session: gate.wait(120))  # released below, or by the deadline if the test fails
         n1 = f"/v1/jobs/{job_name}/nodes/n1/checkpoints"
         requests = [(attempts, {}, {"Idempotency-Key": "start-n0"})] * 3 + [(attempts, {}, {})] * 2
         requests += [(attempts, {}, {"Idempotency-Key": "start-0"})]  # a retry of the stored one
@@ -125,8 +125,14 @@ def test_the_writes_of_one_group_transaction_see_the_rows_the_earlier_ones_hold(
         requests += [(f"/v1/jobs/{other}/nodes/{n}/checkpoints", commit_body(root, other, n, 0), {}) for n in "ab"]
         with concurrent.futures.ThreadPoolExecutor(len(requests)) as pool:
             answers = [pool.submit(http.post, path, json=body, headers=h) for path, body, h in requests]
-            wait_for(lambda: writes._queue.qsize() >= len(requests), what="every request queued behind the gate")
-            gate.set()
+            try:
+                wait_for(
+                    lambda: writes._queue.qsize() >= len(requests),
+                    timeout=90,
+                    what="every request queued behind the gate",
+                )
+            finally:
+                gate.set()
             answers = [a.result() for a in answers]
     keyed, fresh = [a.json()["attempt"] for a in answers[:3]], [a.json()["attempt"] for a in answers[3:5]]
     assert len(set(keyed)) == 1 and sorted({keyed[0], *fresh}) == ["2", "3", "4"], (keyed, fresh)

@@ -112,7 +112,9 @@ def main() -> None:
     parser.add_argument("--dir", default=None, help="where to write (default: a temporary directory)")
     args = parser.parse_args()
     torch.manual_seed(0)
-    holder = Holder({name: torch.from_numpy(a) for name, a in model_like(int(args.gib * 2**30)).items()})
+    # Tensors allocated by torch, as a module's parameters are (64-byte aligned), not numpy's buffers
+    # that `from_numpy` would keep (16 bytes into a page: the O_DIRECT save then copies every block).
+    holder = Holder({name: torch.from_numpy(a).clone() for name, a in model_like(int(args.gib * 2**30)).items()})
     size = nbytes({name: t.numpy() for name, t in holder.tensors.items()})
     root = tempfile.mkdtemp(prefix="ckpt-torch-bench-", dir=args.dir)
     counter = iter(range(10**6))

@@ -33,10 +33,10 @@ __all__ = [
 _READ_CHUNK = 16 << 20
 
 
-def aligned_empty(size: int) -> np.ndarray:
-    """An uninitialised byte buffer whose start is ALIGN-aligned (so are the large tensors in a shard)."""
-    raw = np.empty(size + ALIGN, dtype=np.uint8)
-    start = -raw.ctypes.data % ALIGN
+def aligned_empty(size: int, align: int = ALIGN) -> np.ndarray:
+    """An uninitialised byte buffer whose start is `align`-aligned (by default as the large tensors in a shard)."""
+    raw = np.empty(size + align, dtype=np.uint8)
+    start = -raw.ctypes.data % align
     return raw[start : start + size]
 
 

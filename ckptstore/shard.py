@@ -6,18 +6,27 @@ copy of the state. The header is padded so that tensor data starts at a multiple
 bytes; tensors whose size is a multiple of ALIGN come first, then the others by decreasing item
 size. So every tensor is aligned to its item size (zero-copy views on load), and the large ones
 to 64 bytes, which frameworks need to adopt a loaded buffer without copying it.
+
+The header's padding also puts the shard's large tensors at file offsets congruent to their
+memory addresses modulo a page (as many of their bytes as one padding can): O_DIRECT then writes
+them from their own memory, without a copy into a staging block (bench/RESULTS.md: 1 GiB in
+0.26 s that way against 0.42 s through the block).
 """
 
 from __future__ import annotations
 
 import json
 import struct
+from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import ml_dtypes
 import numpy as np
+
+from ckptstore.direct_io import ALIGN as PAGE
+from ckptstore.direct_io import DIRECT_MIN
 
 __all__ = [
     "ALIGN",
@@ -101,18 +110,32 @@ class ShardPlan:
     size: int
 
 
-def _encode_header(entries: dict[str, dict[str, Any]]) -> bytes:
+def _encode_header(entries: dict[str, dict[str, Any]], extra_padding: int = 0) -> bytes:
     body = json.dumps(entries, separators=(",", ":"), ensure_ascii=False).encode()
-    body += b" " * (-(8 + len(body)) % ALIGN)
+    body += b" " * (-(8 + len(body)) % ALIGN + extra_padding)
     return struct.pack("<Q", len(body)) + body
+
+
+def _page_padding(base: int, ordered: list[str], offsets: dict[str, int], arrays: Mapping[str, np.ndarray]) -> int:
+    """Header padding (a multiple of ALIGN, below PAGE) that puts the most bytes of large, ALIGN-aligned
+    tensors at file offsets congruent to their addresses modulo PAGE (see the module docstring)."""
+    weights: Counter[int] = Counter()
+    for name in ordered:
+        array = arrays[name]
+        address = array.ctypes.data
+        if array.nbytes >= DIRECT_MIN and address % ALIGN == 0 and offsets[name] % ALIGN == 0:
+            weights[(address - base - offsets[name]) % PAGE] += array.nbytes
+    return weights.most_common(1)[0][0] if weights else 0
 
 
 def _plan_one(index: int, names: list[str], arrays: Mapping[str, np.ndarray]) -> ShardPlan:
     ordered = sorted(names, key=lambda n: (arrays[n].nbytes % ALIGN != 0, -arrays[n].dtype.itemsize))
     entries: dict[str, dict[str, Any]] = {"__metadata__": {"format": "np"}}
+    offsets: dict[str, int] = {}
     offset = 0
     for name in ordered:
         array = arrays[name]
+        offsets[name] = offset
         entries[name] = {
             "dtype": dtype_code(array.dtype),
             "shape": list(array.shape),
@@ -120,6 +143,7 @@ def _plan_one(index: int, names: list[str], arrays: Mapping[str, np.ndarray]) ->
         }
         offset += array.nbytes
     header = _encode_header(entries)
+    header = _encode_header(entries, _page_padding(len(header), ordered, offsets, arrays))
     base = len(header)
     slots = tuple(
         TensorSlot(
@@ -127,8 +151,8 @@ def _plan_one(index: int, names: list[str], arrays: Mapping[str, np.ndarray]) ->
             dtype=entries[name]["dtype"],
             shape=tuple(entries[name]["shape"]),
             shard=index,
-            begin=base + entries[name]["data_offsets"][0],
-            end=base + entries[name]["data_offsets"][1],
+            begin=base + offsets[name],
+            end=base + offsets[name] + arrays[name].nbytes,
         )
         for name in ordered
     )

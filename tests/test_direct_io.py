@@ -1,4 +1,5 @@
-"""O_DIRECT writes: exact bytes whatever the chunking and size, and the buffered fallback."""
+"""O_DIRECT writes: exact bytes whatever the chunking and size, large chunks written from their own
+memory where the shard layout lines them up, and the buffered fallback."""
 
 from __future__ import annotations
 
@@ -7,9 +8,14 @@ import os
 
 import numpy as np
 import pytest
+import safetensors.numpy
 from fsspec.implementations.local import LocalFileSystem
 
-from ckptstore.direct_io import ALIGN, BLOCK, _write_aligned, open_direct, write_direct
+from ckptstore import direct_io
+from ckptstore.direct_io import ALIGN, BLOCK, DIRECT_MIN, _write_aligned, open_direct, write_direct
+from ckptstore.localfs import aligned_empty
+from ckptstore.shard import ALIGN as SHARD_ALIGN
+from ckptstore.shard import iter_shard_chunks, plan_shards
 from ckptstore.storage import Storage
 
 SIZES = [0, 1, ALIGN - 1, ALIGN, ALIGN + 1, BLOCK - 1, BLOCK, BLOCK + 1, 2 * BLOCK + 12345]
@@ -52,3 +58,57 @@ def test_a_write_the_filesystem_refuses_under_o_direct_goes_on_buffered(tmp_path
     finally:
         os.close(fd)
     assert (tmp_path / "f").read_bytes() == backing[1 : 1 + ALIGN].tobytes()
+
+
+def _at_page_offset(data: np.ndarray, offset: int) -> np.ndarray:
+    """A copy of `data` whose first byte lies `offset` bytes into a page."""
+    backing = aligned_empty(data.nbytes + ALIGN, ALIGN)[offset : offset + data.nbytes]
+    backing[:] = data
+    return backing
+
+
+@pytest.mark.parametrize("filled", [0, 100, BLOCK - 64])
+@pytest.mark.parametrize("offset", [0, 64, ALIGN - 64])
+def test_a_chunk_whose_address_agrees_with_its_file_offset_is_written_from_its_own_memory(
+    tmp_path, monkeypatch, filled, offset
+):
+    lead = (-offset) % ALIGN
+    big = _at_page_offset(np.random.default_rng(offset).integers(0, 256, 3 * DIRECT_MIN + 777, dtype=np.uint8), offset)
+    head = np.full(filled // ALIGN * ALIGN + offset, 7, np.uint8)  # `big`'s file offset agrees with its address
+    writes: list[np.ndarray] = []
+
+    def spy(fd: int, data: np.ndarray) -> None:
+        writes.append(data)
+        _write_aligned(fd, data)
+
+    monkeypatch.setattr(direct_io, "_write_aligned", spy)
+    fd = open_direct(str(tmp_path / "f"))
+    if fd is None:
+        pytest.skip("this filesystem refuses O_DIRECT")
+    try:
+        assert write_direct(fd, [memoryview(head), memoryview(big)]) == head.size + big.size
+    finally:
+        os.close(fd)
+    assert (tmp_path / "f").read_bytes() == head.tobytes() + big.tobytes()
+    from_source = sum(w.nbytes for w in writes if np.shares_memory(w, big))
+    assert from_source == (big.size - lead) // ALIGN * ALIGN
+
+
+def test_shards_put_large_aligned_tensors_at_file_offsets_that_agree_with_their_addresses(tmp_path):
+    """The header's padding lines up the large tensors for O_DIRECT; the file stays plain safetensors
+    with every large tensor 64-byte aligned, and numpy's own 16-byte-offset buffers are left alone."""
+    rng = np.random.default_rng(0)
+    arrays = {
+        "a": _at_page_offset(rng.random(DIRECT_MIN // 4 + 16, dtype=np.float32).view(np.uint8), 64).view(np.float32),
+        "b": _at_page_offset(rng.random(DIRECT_MIN // 4, dtype=np.float32).view(np.uint8), 128).view(np.float32),
+        "unaligned": _at_page_offset(rng.random(DIRECT_MIN // 4, dtype=np.float32).view(np.uint8), 16).view(np.float32),
+        "small": np.arange(3, dtype=np.int16),
+    }
+    plan = plan_shards(arrays, 64 << 20)[0]
+    slots = {slot.name: slot for slot in plan.slots}
+    assert slots["a"].begin % ALIGN == 64 and slots["b"].begin % ALIGN == 128  # "a" ends 64 bytes past a page
+    assert all(slots[name].begin % SHARD_ALIGN == 0 for name in ("a", "b", "unaligned"))
+    storage = Storage(LocalFileSystem(), str(tmp_path))
+    storage.write_object("s.safetensors", (chunk for _, chunk in iter_shard_chunks(plan, arrays)), plan.size)
+    loaded = safetensors.numpy.load_file(tmp_path / "s.safetensors")
+    assert set(loaded) == set(arrays) and all(np.array_equal(loaded[k], v) for k, v in arrays.items())

@@ -1,6 +1,8 @@
-"""Host staging buffers of async saves: prepared while the first epoch trains, reused by every save."""
+"""Host staging buffers of async saves: prepared while the first epoch trains, page-aligned, reused by every save."""
 
 from __future__ import annotations
+
+import mmap
 
 import numpy as np
 
@@ -21,6 +23,9 @@ def test_staging_is_prepared_at_start_and_every_save_copies_into_the_same_buffer
         "w/00000": ((1 << 20,), np.dtype(np.float32)),
         "step/00000": ((), np.dtype(np.int64)),
     }
+    assert all(b.ctypes.data % mmap.PAGESIZE == 0 for b in prepared.values()), (
+        "page-aligned: O_DIRECT writes them as they are"
+    )
     for epoch in range(2):
         weights.assign_add(tf.ones_like(weights))
         step.assign(epoch)

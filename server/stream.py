@@ -8,7 +8,9 @@ takes live events, skipping ids it has already sent: nothing is missed and nothi
 A subscriber that falls too far behind reads from the log again. Under a stream of commits the
 reader wakes at most once a window (`CKPTSTORE_EVENTS_WINDOW_SECONDS`), each wake-up's events are
 encoded and joined once for every subscriber, each subscriber gets one queue item per wake-up, and
-sends whatever queued up since its last send as one chunk.
+sends whatever queued up since its last send as one chunk. Heartbeats come from the hub too: every
+`heartbeat_seconds` it queues one for each stream that sent nothing since the last beat, so a
+waiting stream needs no timer of its own (one per wait cost ~8 µs per stream per wake-up).
 """
 
 from __future__ import annotations
@@ -87,8 +89,9 @@ class Subscription:
 
     job: str | None
     types: frozenset[str] | None
-    queue: asyncio.Queue[Batch] = field(default_factory=lambda: asyncio.Queue(QUEUE_LIMIT))
+    queue: asyncio.Queue[Batch | bytes] = field(default_factory=lambda: asyncio.Queue(QUEUE_LIMIT))
     overflowed: bool = False
+    sent: bool = False  # since the hub's last heartbeat
 
     def matches(self, event: Event) -> bool:
         return (self.job is None or event.job == self.job) and (not self.types or event.type in self.types)
@@ -105,6 +108,12 @@ class Subscription:
         except asyncio.QueueFull:
             self.overflowed = True
 
+    def beat(self) -> None:
+        """A heartbeat if the stream sent nothing since the last one (a full queue has no need of it)."""
+        if not self.sent and not self.queue.full():
+            self.queue.put_nowait(HEARTBEAT)
+        self.sent = False
+
 
 class EventHub:
     """This process's reader of the event log (see module docstring)."""
@@ -118,18 +127,21 @@ class EventHub:
         self.read_through = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
         self.read_through = await asyncio.to_thread(self._newest)
-        self._task = asyncio.create_task(self._run(), name="ckptstore-event-hub")
+        self._tasks = [
+            asyncio.create_task(self._run(), name="ckptstore-event-hub"),
+            asyncio.create_task(self._beat(), name="ckptstore-event-heartbeats"),
+        ]
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
 
     def wake(self, newest: int | None = None) -> None:
         """New events were committed (callable from any thread)."""
@@ -168,8 +180,15 @@ class EventHub:
                 for subscriber in self.subscribers:
                     subscriber.offer(batch)
             if len(events) == READ_LIMIT:
-                self._wake.set()
+                self._wake.set()  # more are waiting: read them now, not a window later
+                continue
             await asyncio.sleep(self.window_seconds)
+
+    async def _beat(self) -> None:
+        while True:
+            await asyncio.sleep(self.heartbeat_seconds)
+            for subscriber in self.subscribers:
+                subscriber.beat()
 
     async def events(
         self, after: int, *, job: str | None, types: frozenset[str] | None, named: bool = True
@@ -190,21 +209,19 @@ class EventHub:
                     yield sse_frame(event, named=named)
                 subscription.overflowed = False
                 while not subscription.overflowed:
-                    try:
-                        async with asyncio.timeout(self.heartbeat_seconds):  # no task per wait, as wait_for makes
-                            queued = [await subscription.queue.get()]
-                    except TimeoutError:
-                        yield HEARTBEAT
-                        continue
+                    queued = [await subscription.queue.get()]
                     while not subscription.queue.empty():
                         queued.append(subscription.queue.get_nowait())
                     frames = []
                     for batch in queued:
-                        if batch.events[-1].event.id > last:
+                        if isinstance(batch, Batch) and batch.events[-1].event.id > last:
                             frames.append(batch.frames_after(last, named=named))
                             last = batch.events[-1].event.id
                     if frames:
+                        subscription.sent = True
                         yield b"".join(frames)
+                    elif HEARTBEAT in queued:
+                        yield HEARTBEAT
                 subscription.queue = asyncio.Queue(QUEUE_LIMIT)  # fell behind: read the log again
         finally:
             self.subscribers.discard(subscription)

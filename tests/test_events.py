@@ -20,8 +20,9 @@ from ckptstore.events import EVENT_TYPES, Event, verify_signature
 from client import ServiceClient
 from client.commands import _event_line
 from server.db import Database, make_engine
+from server.events import emit
 from server.migrate import migrate
-from server.stream import Batch, Encoded, EventHub, Subscription
+from server.stream import HEARTBEAT, READ_LIMIT, Batch, Encoded, EventHub, Subscription
 from tests.builders import commit_body, declare
 from tests.conftest import service_settings
 from tests.live import LiveService, ScratchPostgres, postgres_available, wait_for
@@ -198,6 +199,17 @@ def test_a_live_batch_overlapping_what_a_stream_sent_gives_only_the_newer_events
     assert same_job.queue.get_nowait().frames_after(0, named=True) == batch.named
 
 
+def test_the_hubs_heartbeat_reaches_only_streams_that_sent_nothing_since_the_last_one():
+    idle, busy = Subscription(None, None), Subscription(None, None)
+    busy.sent = True
+    for subscription in (idle, busy):
+        subscription.beat()
+    assert idle.queue.get_nowait() == HEARTBEAT and idle.queue.empty()
+    assert busy.queue.empty() and not busy.sent, "a stream that sent gets a heartbeat at the next beat if idle"
+    busy.beat()
+    assert busy.queue.get_nowait() == HEARTBEAT
+
+
 def test_the_event_hub_stops_even_when_events_arrive_as_it_is_stopped(tmp_path):
     """A wake-up landing in the same loop turn as the stop must not swallow the cancellation (as
     `asyncio.wait_for` does on Python 3.11): the service would never finish shutting down."""
@@ -216,6 +228,42 @@ def test_the_event_hub_stops_even_when_events_arrive_as_it_is_stopped(tmp_path):
 
     try:
         asyncio.run(start_and_stop())
+    finally:
+        db.dispose()
+
+
+def test_a_wake_up_with_more_events_than_one_read_takes_delivers_them_all_at_once(tmp_path):
+    """The reader goes on reading while reads come back full, instead of waiting a window between
+    them: otherwise a commit rate above READ_LIMIT events per window leaves every stream further
+    behind with each window."""
+    url = f"sqlite:///{tmp_path}/catalog.db"
+    migrate(url)
+    db = Database(make_engine(url))
+    count = 2 * READ_LIMIT + 7
+
+    async def deliver() -> list[int]:
+        hub = EventHub(db, poll_seconds=60, heartbeat_seconds=60, window_seconds=60)
+        await hub.start()
+        frames = hub.events(0, job=None, types=None)
+        first = asyncio.ensure_future(anext(frames))
+        await asyncio.sleep(0.2)  # the stream waits for live events
+        with db.write() as session:
+            for i in range(count):
+                emit(session, "job.deleted", f"job-{i}")
+        hub.wake()
+        received = b""
+        try:
+            async with asyncio.timeout(20):  # a window between reads would take 120 s
+                received = await first
+                while received.count(b"\nevent: ") < count:
+                    received += await anext(frames)
+        finally:
+            await frames.aclose()
+            await hub.stop()
+        return [int(line[4:]) for line in received.decode().splitlines() if line.startswith("id: ")]
+
+    try:
+        assert asyncio.run(deliver()) == list(range(1, count + 1))
     finally:
         db.dispose()
 

@@ -1,12 +1,14 @@
 """What event subscribers cost the service, and how fast an event reaches them.
 
-    python bench/events.py [--db sqlite postgres] [--subscribers 200] [--duration 10] [--reps 3] [--nice-subscribers] [--out FILE]
+    python bench/events.py [--db sqlite postgres] [--subscribers 200] [--duration 10] [--reps 3]
+                           [--subscriber-encoding gzip|plain] [--nice-subscribers] [--out FILE]
 
 For each database: `python -m server` (1 worker) on a database filled with 1,000 jobs × 8 nodes ×
 10 epochs; wrk measures commit throughput (64 connections, POST commits of new positions) and the
-cached last-good throughput (32 connections, after asking every job once) with no subscriber, then again with --subscribers SSE
-streams attached (held by a separate process, reading every event), --reps times interleaved; the
-ratios compare the medians of the two sides in the same run. Then one subscriber of one job and a
+cached last-good throughput (32 connections, after asking every job once) with no subscriber, then
+again with --subscribers SSE streams attached (held by a separate process, reading every event; by
+default they accept gzip, as browsers, httpx and `ckptstore watch` do), --reps times interleaved;
+the ratios compare the medians of the two sides in the same run. Then one subscriber of one job and a
 writer committing one position at a time measure commit-to-event latency: from sending the commit
 to the `checkpoint.committed` event arriving on the stream (p50, p99 over 300 commits). Needs wrk (Debian: apt-get install wrk).
 """
@@ -32,20 +34,32 @@ from bench.service import make_database, populate, run_wrk, running_service, war
 from server.migrate import migrate  # noqa: E402
 
 SUBSCRIBERS = r"""
-import asyncio, sys
-port, count = int(sys.argv[1]), int(sys.argv[2])
+import asyncio, sys, zlib
+port, count, gzip = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "gzip"
 received = 0
 async def subscriber(i):
     # Reads what arrives in chunks and counts its data lines: reading line by line took 0.25-0.3 s of
-    # CPU per second from the 2 cores the service and wrk share (chunks: 0.05 s).
+    # CPU per second from the 2 cores the service and wrk share (chunks: 0.05 s). A gzip stream's
+    # body is taken out of its chunked framing and inflated.
     global received
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(b"GET /v1/events HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
-    tail = b""
+    accept = b"Accept-Encoding: gzip\r\n" if gzip else b""
+    writer.write(b"GET /v1/events HTTP/1.1\r\nHost: 127.0.0.1\r\n" + accept + b"\r\n")
+    head = await reader.readuntil(b"\r\n\r\n")
+    inflate = zlib.decompressobj(16 + zlib.MAX_WBITS) if b"content-encoding: gzip" in head.lower() else None
+    body, tail = b"", b""
     while True:
         chunk = await reader.read(1 << 16)
         if not chunk:
             return
+        if inflate is not None:
+            body += chunk
+            frames = []
+            while (end := body.find(b"\r\n")) >= 0 and len(body) >= end + 2 + int(body[:end], 16) + 2:
+                size = int(body[:end], 16)
+                frames.append(body[end + 2 : end + 2 + size])
+                body = body[end + 4 + size :]
+            chunk = inflate.decompress(b"".join(frames))
         received += (tail + chunk).count(b"\ndata: ")
         tail = chunk[-6:]
 async def main():
@@ -111,7 +125,7 @@ async def commit_to_event(port: int, root: str, commits: int = 300) -> dict:
     }
 
 
-def measure(kind: str, subscribers: int, duration: int, nice: int, reps: int) -> dict:
+def measure(kind: str, subscribers: int, duration: int, nice: int, reps: int, encoding: str) -> dict:
     tmp = tempfile.mkdtemp(prefix="ckptstore-events-")
     root = f"{tmp}/storage"
     url, drop = make_database(kind, tmp)
@@ -130,7 +144,7 @@ def measure(kind: str, subscribers: int, duration: int, nice: int, reps: int) ->
                         alone.append(throughput(port, root, duration, salt))
                         continue
                     crowd = subprocess.Popen(
-                        [sys.executable, "-c", SUBSCRIBERS, str(port), str(subscribers)],
+                        [sys.executable, "-c", SUBSCRIBERS, str(port), str(subscribers), encoding],
                         stdout=subprocess.PIPE,
                         text=True,
                         preexec_fn=(lambda: os.nice(nice)) if nice else None,
@@ -173,14 +187,22 @@ def main() -> None:
         help="run the subscribers' process at the lowest CPU priority: on this 2-core machine it otherwise "
         "competes with the service for CPU, which subscribers on other machines do not",
     )
+    parser.add_argument(
+        "--subscriber-encoding",
+        choices=["gzip", "plain"],
+        default="gzip",
+        help="gzip: the subscribers accept gzip, as browsers, httpx and `ckptstore watch` do; plain: they do not",
+    )
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     results: dict = {
         "command": " ".join(["python", "bench/events.py", *sys.argv[1:]]),
         "machine": f"{platform.platform()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+        "subscriber_encoding": args.subscriber_encoding,
     }
     for kind in args.db:
-        results[kind] = measure(kind, args.subscribers, args.duration, 19 if args.nice_subscribers else 0, args.reps)
+        nice = 19 if args.nice_subscribers else 0
+        results[kind] = measure(kind, args.subscribers, args.duration, nice, args.reps, args.subscriber_encoding)
         print(kind, json.dumps(results[kind]), flush=True)
     if args.out:
         with open(args.out, "w") as handle:

@@ -188,10 +188,10 @@ def job_page(
 
 
 @router.get("/ui/events")
-async def ui_events(viewer: ViewerDep, hub: HubDep, job: str | None = None) -> StreamingResponse:
+async def ui_events(request: Request, viewer: ViewerDep, hub: HubDep, job: str | None = None) -> StreamingResponse:
     """The event stream for the pages' live refresh (a job's session: its job only), from now on."""
     job, _ = event_filter(job, None, viewer.job)
-    return stream_response(hub, None, job, None, named=False)
+    return stream_response(request, hub, None, job, None, named=False)
 
 
 @router.get("/ui/static/{name}")

@@ -184,6 +184,7 @@ def test_the_job_page_refreshes_in_place_without_a_reload(browser, service):
         timeout=15000,
     )
     assert page.evaluate("window.__loaded_once") is True, "the content was swapped in, the page was not reloaded"
+    assert page.locator("#refresh-status").inner_text().startswith("live"), "the (gzip) event stream, not polling"
     assert page.locator("#last-good").inner_text() == "5", "n1's corrupt epoch 4 stays bad; epoch 5 is good now"
     page.close()
 

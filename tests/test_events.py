@@ -12,6 +12,7 @@ import itertools
 import json
 import threading
 import time
+import zlib
 
 import httpx
 import pytest
@@ -182,6 +183,66 @@ def test_a_subscriber_resuming_with_last_event_id_misses_nothing_and_sees_nothin
         assert heartbeat, "an idle stream sends heartbeats"
         events = [Event.model_validate_json(line[6:]) for line in lines if line.startswith("data: ")]
         assert [e.position.epoch for e in events if e.type == "position.good"] == list(range(8))
+    finally:
+        live.stop()
+
+
+def read_encoded_stream(url: str, accept: str, count: int, params: dict) -> tuple[str | None, list[str]]:
+    """A stream's Content-Encoding and its lines (decoded here, not by httpx) up to `count` events."""
+    headers = {"Accept-Encoding": accept, "Last-Event-ID": "0"}
+    with httpx.stream("GET", f"{url}/v1/events", headers=headers, params=params, timeout=20) as response:
+        encoding = response.headers.get("content-encoding")
+        decoder = zlib.decompressobj(16 + zlib.MAX_WBITS) if encoding == "gzip" else None
+        text = ""
+        for chunk in response.iter_raw():
+            text += (decoder.decompress(chunk) if decoder else chunk).decode()
+            if text.count("\ndata: ") + text.startswith("data: ") >= count and text.endswith("\n\n"):
+                return encoding, text.splitlines()
+    raise AssertionError("the stream ended")
+
+
+def test_gzip_streams_carry_exactly_the_frames_of_plain_ones(tmp_path):
+    """Clients that accept gzip get each chunk as a deflate segment, whole batches compressed once for
+    every such stream; decoded, the backlog, the live batches and filtered streams are the plain ones."""
+    settings = service_settings(str(tmp_path), f"sqlite:///{tmp_path}/svc.db")
+    live = LiveService(settings)
+    root = settings.default_storage
+    streams = {
+        (accept, name): (params, count)
+        for accept in ("gzip, deflate", "identity")
+        for name, params, count in (("all", {}, 2 + 16), ("filtered", {"job": "gz-a", "types": "position.good"}, 5))
+    }
+    answers: dict = {}
+    try:
+        with live.client() as http:
+            declare(http, root, "gz-a", ["n0"])
+            declare(http, root, "gz-b", ["n0"])
+            readers = [
+                threading.Thread(
+                    target=lambda key=key, params=params, count=count: answers.__setitem__(
+                        key, read_encoded_stream(live.url, key[0], count, params)
+                    )
+                )
+                for key, (params, count) in streams.items()
+            ]
+            for reader in readers:
+                reader.start()
+            time.sleep(1.0)  # every stream sent its backlog and waits for live events
+            for job, epochs in (("gz-a", 5), ("gz-b", 3)):
+                for epoch in range(epochs):
+                    http.post(f"/v1/jobs/{job}/nodes/n0/checkpoints", json=commit_body(root, job, "n0", epoch))
+            for reader in readers:
+                reader.join(30)
+        assert set(answers) == set(streams), "every stream got its events"
+        for name in ("all", "filtered"):
+            (gzip_encoding, gzip_lines), (plain_encoding, plain_lines) = (
+                answers["gzip, deflate", name],
+                answers["identity", name],
+            )
+            assert (gzip_encoding, plain_encoding) == ("gzip", None)
+            assert gzip_lines == plain_lines
+        ids = [int(line[4:]) for line in answers["identity", "all"][1] if line.startswith("id: ")]
+        assert ids == list(range(1, 19))
     finally:
         live.stop()
 

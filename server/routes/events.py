@@ -17,7 +17,7 @@ from server.stream import EventHub
 __all__ = ["router", "stream_response", "event_filter"]
 
 router = APIRouter(prefix="/v1", tags=["events"], responses=COMMON_ERRORS | error_responses(403))
-STREAM_HEADERS = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+STREAM_HEADERS = {"Cache-Control": "no-store", "X-Accel-Buffering": "no", "Vary": "Accept-Encoding"}
 EVENT_ID_LIMIT = 2**63  # event ids are the database's 64-bit integers
 
 
@@ -52,13 +52,38 @@ def _resume_id(after: int | None, last_event_id: str | None) -> int | None:
     return int(text)
 
 
+def accepts_gzip(accept_encoding: str | None) -> bool:
+    """Whether an Accept-Encoding header accepts gzip (`gzip;q=0` refuses it)."""
+    for item in (accept_encoding or "").lower().split(","):
+        coding, *parameters = (part.strip() for part in item.split(";"))
+        if coding == "gzip":
+            return not any(_zero_weight(parameter) for parameter in parameters)
+    return False
+
+
+def _zero_weight(parameter: str) -> bool:
+    name, _, value = parameter.partition("=")
+    try:
+        return name.strip() == "q" and float(value) == 0
+    except ValueError:
+        return False
+
+
 def stream_response(
-    hub: EventHub, after: int | None, job: str | None, types: frozenset[str] | None, *, named: bool = True
+    request: Request,
+    hub: EventHub,
+    after: int | None,
+    job: str | None,
+    types: frozenset[str] | None,
+    *,
+    named: bool = True,
 ) -> StreamingResponse:
-    """The SSE stream from `after` (None: from now on)."""
+    """The SSE stream from `after` (None: from now on), gzip-encoded where the client accepts it."""
     start = hub.read_through if after is None else after
-    frames = hub.events(start, job=job, types=types, named=named)
-    return StreamingResponse(frames, media_type="text/event-stream", headers=STREAM_HEADERS)
+    gzip = accepts_gzip(request.headers.get("accept-encoding"))
+    frames = hub.events(start, job=job, types=types, named=named, gzip=gzip)
+    headers = STREAM_HEADERS | ({"Content-Encoding": "gzip"} if gzip else {})
+    return StreamingResponse(frames, media_type="text/event-stream", headers=headers)
 
 
 @router.get(
@@ -86,7 +111,7 @@ async def events(
     job, wanted = event_filter(job, types, getattr(request.state, "token_job", None))
     start = _resume_id(after, last_event_id)
     if format == "sse":
-        return stream_response(hub, start, job, wanted)
+        return stream_response(request, hub, start, job, wanted)
     start = start or 0
     found, oldest = await hub.page(start, job=job, types=wanted, limit=limit)
     return EventPage(

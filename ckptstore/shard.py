@@ -110,9 +110,12 @@ class ShardPlan:
     size: int
 
 
-def _encode_header(entries: dict[str, dict[str, Any]], extra_padding: int = 0) -> bytes:
+def _encode_header(
+    entries: dict[str, dict[str, Any]], ordered: list[str], offsets: dict[str, int], arrays: Mapping[str, np.ndarray]
+) -> bytes:
     body = json.dumps(entries, separators=(",", ":"), ensure_ascii=False).encode()
-    body += b" " * (-(8 + len(body)) % ALIGN + extra_padding)
+    body += b" " * (-(8 + len(body)) % ALIGN)
+    body += b" " * _page_padding(8 + len(body), ordered, offsets, arrays)
     return struct.pack("<Q", len(body)) + body
 
 
@@ -142,8 +145,7 @@ def _plan_one(index: int, names: list[str], arrays: Mapping[str, np.ndarray]) ->
             "data_offsets": [offset, offset + array.nbytes],
         }
         offset += array.nbytes
-    header = _encode_header(entries)
-    header = _encode_header(entries, _page_padding(len(header), ordered, offsets, arrays))
+    header = _encode_header(entries, ordered, offsets, arrays)
     base = len(header)
     slots = tuple(
         TensorSlot(

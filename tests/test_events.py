@@ -23,6 +23,7 @@ from client.commands import _event_line
 from server.db import Database, make_engine
 from server.events import emit
 from server.migrate import migrate
+from server.routes.events import accepts_gzip
 from server.stream import HEARTBEAT, READ_LIMIT, Batch, Encoded, EventHub, Subscription
 from tests.builders import commit_body, declare
 from tests.conftest import service_settings
@@ -199,6 +200,22 @@ def read_encoded_stream(url: str, accept: str, count: int, params: dict) -> tupl
             if text.count("\ndata: ") + text.startswith("data: ") >= count and text.endswith("\n\n"):
                 return encoding, text.splitlines()
     raise AssertionError("the stream ended")
+
+
+@pytest.mark.parametrize(
+    ("header", "gzip"),
+    [
+        (None, False),
+        ("identity", False),
+        ("gzip, deflate, br", True),
+        ("br;q=1, GZIP;q=0.5", True),
+        ("gzip;q=0", False),
+        ("deflate, gzip ; q=0.000", False),
+        ("*", False),
+    ],
+)
+def test_streams_are_gzip_encoded_only_where_accept_encoding_accepts_gzip(header, gzip):
+    assert accepts_gzip(header) is gzip
 
 
 def test_gzip_streams_carry_exactly_the_frames_of_plain_ones(tmp_path):

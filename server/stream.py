@@ -22,6 +22,7 @@ to push through the kernel.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import json
 import logging
 import zlib
@@ -33,7 +34,7 @@ from ckptstore.events import Event
 from server.db import Database
 from server.events import events_after, newest_event_id, oldest_event_id
 
-__all__ = ["EventHub", "Subscription", "Encoded", "Batch", "sse_frame", "deflate_segment", "GZIP_HEADER", "HEARTBEAT"]
+__all__ = ["EventHub", "Subscription", "Batch", "sse_frame", "deflate_segment", "GZIP_HEADER", "HEARTBEAT"]
 
 log = logging.getLogger("ckptstore.server")
 READ_LIMIT = 500
@@ -66,33 +67,59 @@ def reset_frame(after: int, oldest: int) -> bytes:
 
 
 @dataclass(frozen=True)
-class Encoded:
-    """An event with its SSE frames, named and unnamed, encoded once for every subscriber."""
+class Batch:
+    """The events of one reader wake-up, in id order, as parallel lists of plain values (ids, jobs,
+    types and SSE frames, named and unnamed) encoded once for every subscriber; their joined frames
+    are made when first asked for, so a subscriber that wants them all sends one ready chunk.
 
-    event: Event
-    named: bytes
-    unnamed: bytes
+    No event objects: a batch waits in every stream's queue while the service goes on allocating,
+    and the thousands of objects of its events, promoted into the collector's oldest generation,
+    made full collections of every stream's objects 7x as slow (bench/RESULTS.md)."""
+
+    ids: list[int]
+    jobs: list[str | None]
+    types: list[str]
+    named_frames: list[bytes]
+    unnamed_frames: list[bytes]
 
     @classmethod
-    def of(cls, event: Event) -> Encoded:
-        data = event.model_dump_json()
-        return cls(event, sse_frame(event, data=data), sse_frame(event, named=False, data=data))
+    def of(cls, events: list[Event]) -> Batch:
+        data = [event.model_dump_json() for event in events]
+        return cls(
+            [event.id for event in events],
+            [event.job for event in events],
+            [event.type for event in events],
+            [sse_frame(event, data=text) for event, text in zip(events, data)],
+            [sse_frame(event, named=False, data=text) for event, text in zip(events, data)],
+        )
 
+    @property
+    def newest(self) -> int:
+        return self.ids[-1]
 
-@dataclass(frozen=True)
-class Batch:
-    """The events of one reader wake-up, in id order, with their frames joined once, when first
-    asked for: a subscriber that wants them all sends one ready chunk."""
-
-    events: list[Encoded]
+    def only(self, job: str | None, types: frozenset[str] | None) -> Batch | None:
+        """The events of `job` (None: any) and of `types` (empty: any), or None if there are none."""
+        if job is None and not types:
+            return self
+        kept = [
+            i
+            for i, (event_job, event_type) in enumerate(zip(self.jobs, self.types))
+            if (job is None or event_job == job) and (not types or event_type in types)
+        ]
+        if len(kept) == len(self.ids):
+            return self
+        if not kept:
+            return None
+        columns = (self.ids, self.jobs, self.types, self.named_frames, self.unnamed_frames)
+        return Batch(*([column[i] for i in kept] for column in columns))
 
     @cached_property
     def named(self) -> bytes:
-        return b"".join(e.named for e in self.events)
+        return b"".join(self.named_frames)
 
     @cached_property
     def unnamed(self) -> bytes:
-        return b"".join(e.unnamed for e in self.events)
+        return b"".join(self.unnamed_frames)
 
     @cached_property
     def named_gzip(self) -> bytes:
@@ -104,16 +131,17 @@ class Batch:
 
     def frames_after(self, last: int, *, named: bool) -> bytes:
         """The frames of the events with id above `last`."""
-        if self.events[0].event.id > last:
+        start = bisect.bisect_right(self.ids, last)
+        if start == 0:
             return self.named if named else self.unnamed
-        return b"".join(e.named if named else e.unnamed for e in self.events if e.event.id > last)
+        return b"".join((self.named_frames if named else self.unnamed_frames)[start:])
 
     def chunk_after(self, last: int, *, named: bool, gzip: bool) -> bytes:
         """The frames after `last` as a stream sends them: as they are, or as a deflate segment
         (compressed once for every stream that takes the whole batch)."""
         if not gzip:
             return self.frames_after(last, named=named)
-        if self.events[0].event.id > last:
+        if self.ids[0] > last:
             return self.named_gzip if named else self.unnamed_gzip
         return deflate_segment(self.frames_after(last, named=named))
 
@@ -128,18 +156,13 @@ class Subscription:
     overflowed: bool = False
     sent: bool = False  # since the hub's last heartbeat
 
-    def matches(self, event: Event) -> bool:
-        return (self.job is None or event.job == self.job) and (not self.types or event.type in self.types)
-
     def offer(self, batch: Batch) -> None:
         """Queue the events of `batch` this stream wants, as one item."""
-        if self.job is not None or self.types:
-            wanted = [e for e in batch.events if self.matches(e.event)]
-            if not wanted:
-                return
-            batch = Batch(wanted)
+        wanted = batch.only(self.job, self.types)
+        if wanted is None:
+            return
         try:
-            self.queue.put_nowait(batch)
+            self.queue.put_nowait(wanted)
         except asyncio.QueueFull:
             self.overflowed = True
 
@@ -211,7 +234,7 @@ class EventHub:
                 continue
             if events:
                 self.read_through = events[-1].id
-                batch = Batch([Encoded.of(event) for event in events])
+                batch = Batch.of(events)
                 for subscriber in self.subscribers:
                     subscriber.offer(batch)
             if len(events) == READ_LIMIT:
@@ -252,9 +275,9 @@ class EventHub:
                         queued.append(subscription.queue.get_nowait())
                     frames = []
                     for batch in queued:
-                        if isinstance(batch, Batch) and batch.events[-1].event.id > last:
+                        if isinstance(batch, Batch) and batch.newest > last:
                             frames.append(batch.chunk_after(last, named=named, gzip=gzip))
-                            last = batch.events[-1].event.id
+                            last = batch.newest
                     if frames:
                         subscription.sent = True
                         yield b"".join(frames)

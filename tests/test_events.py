@@ -7,6 +7,7 @@ job; webhooks reach only allowed hosts and never show their secret."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import http.server
 import itertools
 import json
@@ -24,7 +25,7 @@ from server.db import Database, make_engine
 from server.events import emit
 from server.migrate import migrate
 from server.routes.events import accepts_gzip
-from server.stream import HEARTBEAT, READ_LIMIT, Batch, Encoded, EventHub, Subscription
+from server.stream import HEARTBEAT, READ_LIMIT, Batch, EventHub, Subscription, sse_frame
 from tests.builders import commit_body, declare
 from tests.conftest import service_settings
 from tests.live import LiveService, ScratchPostgres, postgres_available, wait_for
@@ -265,16 +266,54 @@ def test_gzip_streams_carry_exactly_the_frames_of_plain_ones(tmp_path):
 
 
 def test_a_live_batch_overlapping_what_a_stream_sent_gives_only_the_newer_events():
-    encoded = [Encoded.of(Event(id=i, type="checkpoint.committed", time=0.0, job="j")) for i in (5, 6, 7)]
-    batch = Batch(encoded)
-    assert batch.frames_after(4, named=True) == b"".join(e.named for e in encoded)
-    assert batch.frames_after(5, named=False) == encoded[1].unnamed + encoded[2].unnamed
+    events = [Event(id=i, type="checkpoint.committed", time=0.0, job="j") for i in (5, 6, 7)]
+    batch = Batch.of(events)
+    assert batch.frames_after(4, named=True) == b"".join(sse_frame(e) for e in events)
+    assert batch.frames_after(5, named=False) == b"".join(sse_frame(e, named=False) for e in events[1:])
     assert batch.frames_after(5, named=True).startswith(b"id: 6\nevent: checkpoint.committed\ndata: ")
+    assert batch.frames_after(7, named=True) == b""
     other_job, same_job = Subscription("other", None), Subscription("j", frozenset({"checkpoint.committed"}))
     other_job.offer(batch)
     same_job.offer(batch)
     assert other_job.queue.empty()
     assert same_job.queue.get_nowait().frames_after(0, named=True) == batch.named
+
+
+def test_a_filtered_stream_is_offered_exactly_its_jobs_events_of_its_types():
+    kinds = itertools.product(("a", "b"), ("checkpoint.committed", "position.good"))
+    events = [Event(id=i, type=kind, time=0.0, job=job) for i, (job, kind) in enumerate(kinds, start=1)]
+    batch = Batch.of(events)
+    for job, types in (("a", None), (None, frozenset({"position.good"})), ("b", frozenset({"position.good"}))):
+        subscription = Subscription(job, types)
+        subscription.offer(batch)
+        wanted = [e for e in events if job in (None, e.job) and (not types or e.type in types)]
+        offered = subscription.queue.get_nowait()
+        assert offered.ids == [e.id for e in wanted]
+        assert offered.frames_after(0, named=False) == b"".join(sse_frame(e, named=False) for e in wanted)
+
+
+def _tracked_objects(root: object) -> int:
+    """How many objects the garbage collector tracks among those reachable from `root` (types aside)."""
+    seen: set[int] = set()
+    todo = [root]
+    while todo:
+        item = todo.pop()
+        if id(item) not in seen:
+            seen.add(id(item))
+            todo.extend(r for r in gc.get_referents(item) if gc.is_tracked(r) and not isinstance(r, type))
+    return len(seen)
+
+
+def test_a_batch_holds_as_many_collector_tracked_objects_for_500_events_as_for_1():
+    """A batch waits in every stream's queue while the service allocates: objects it held per event
+    were promoted into the oldest generation by the thousand (bench/RESULTS.md, events)."""
+    one, many = (
+        Batch.of([Event(id=i, type="checkpoint.committed", time=0.0, job="j", data={"bytes": i}) for i in range(n)])
+        for n in (1, READ_LIMIT)
+    )
+    for batch in (one, many):
+        batch.named_gzip  # noqa: B018 (the joined and compressed frames are cached on the batch too)
+    assert _tracked_objects(many) == _tracked_objects(one)
 
 
 def test_the_hubs_heartbeat_reaches_only_streams_that_sent_nothing_since_the_last_one():

@@ -29,6 +29,7 @@ import zlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import TypeVar
 
 from ckptstore.events import Event
 from server.db import Database
@@ -37,6 +38,7 @@ from server.events import events_after, newest_event_id, oldest_event_id
 __all__ = ["EventHub", "Subscription", "Batch", "sse_frame", "deflate_segment", "GZIP_HEADER", "HEARTBEAT"]
 
 log = logging.getLogger("ckptstore.server")
+T = TypeVar("T")
 READ_LIMIT = 500
 QUEUE_LIMIT = 1_000  # reader wake-ups (each a batch of events) a stream may fall behind before it reads the log again
 HEARTBEAT = b": heartbeat\n\n"
@@ -64,6 +66,10 @@ def reset_frame(after: int, oldest: int) -> bytes:
     """The ids after `after` up to `oldest` left the log: the subscriber missed events it cannot get."""
     data = json.dumps({"after": after, "oldest": oldest})
     return f"id: {oldest - 1}\nevent: reset\ndata: {data}\n\n".encode()
+
+
+def _pick(column: list[T], indices: list[int]) -> list[T]:
+    return [column[i] for i in indices]
 
 
 @dataclass(frozen=True)
@@ -110,8 +116,13 @@ class Batch:
             return self
         if not kept:
             return None
-        columns = (self.ids, self.jobs, self.types, self.named_frames, self.unnamed_frames)
-        return Batch(*([column[i] for i in kept] for column in columns))
+        return Batch(
+            _pick(self.ids, kept),
+            _pick(self.jobs, kept),
+            _pick(self.types, kept),
+            _pick(self.named_frames, kept),
+            _pick(self.unnamed_frames, kept),
+        )
 
     @cached_property
     def named(self) -> bytes:

@@ -79,8 +79,8 @@ class Batch:
     are made when first asked for, so a subscriber that wants them all sends one ready chunk.
 
     No event objects: a batch waits in every stream's queue while the service goes on allocating,
-    and the thousands of objects of its events, promoted into the collector's oldest generation,
-    made full collections of every stream's objects 7x as slow (bench/RESULTS.md)."""
+    and its events' objects (~7 each) were promoted into the collector's oldest generation by the
+    thousand, making its full collections longer and more frequent (bench/RESULTS.md, events)."""
 
     ids: list[int]
     jobs: list[str | None]

@@ -1,9 +1,15 @@
-"""uvicorn's httptools protocol with a cap on a request's head (request line + headers).
+"""uvicorn's httptools protocol with a cap on a request's head (request line + headers), and a
+shutdown that ends endless responses.
 
 uvicorn bounds nothing there with httptools: a client sending a 10 MB URL or an endless header
 makes the service buffer all of it. Over the cap the connection gets 431 and is closed. Bytes are
 counted per received chunk, so a chunk of pipelined requests may count up to one chunk (≤ 256 KiB)
 more than the head itself; the cap is set well above any real head.
+
+A graceful shutdown lets every response in flight finish, and an event stream never does: one open
+stream (a dashboard, `ckptstore watch`) kept the service from ever exiting on SIGTERM. Responses
+whose scope is marked ENDLESS have their connection closed instead, as a restart or a failover
+would; their clients resume from Last-Event-ID.
 """
 
 from __future__ import annotations
@@ -12,9 +18,10 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from server.errors import error_body
 
-__all__ = ["BoundedHttpToolsProtocol", "MAX_HEAD_BYTES"]
+__all__ = ["BoundedHttpToolsProtocol", "MAX_HEAD_BYTES", "ENDLESS"]
 
 MAX_HEAD_BYTES = 1 << 20
+ENDLESS = "ckptstore.endless"  # scope key: this response goes on until the client leaves
 
 
 class BoundedHttpToolsProtocol(HttpToolsProtocol):
@@ -35,6 +42,13 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             self._head_bytes += len(data)
             if self._head_bytes > MAX_HEAD_BYTES:
                 self._refuse_head()
+
+    def shutdown(self) -> None:
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete and cycle.scope.get(ENDLESS):
+            self.transport.close()
+        else:
+            super().shutdown()
 
     def _refuse_head(self) -> None:
         body = error_body("too_large", f"the request line and headers are limited to {MAX_HEAD_BYTES} bytes")

@@ -11,6 +11,7 @@ import gc
 import http.server
 import itertools
 import json
+import signal
 import threading
 import time
 import zlib
@@ -28,7 +29,7 @@ from server.routes.events import accepts_gzip
 from server.stream import HEARTBEAT, READ_LIMIT, Batch, EventHub, Subscription, sse_frame
 from tests.builders import commit_body, declare
 from tests.conftest import service_settings
-from tests.live import LiveService, ScratchPostgres, postgres_available, wait_for
+from tests.live import LiveService, ScratchPostgres, postgres_available, start_service_process, wait_for
 from tests.servers import free_port
 
 SECRET = "s3cret-webhook-key-0123"
@@ -347,6 +348,41 @@ def test_the_event_hub_stops_even_when_events_arrive_as_it_is_stopped(tmp_path):
         asyncio.run(start_and_stop())
     finally:
         db.dispose()
+
+
+def test_a_service_with_event_streams_open_stops_on_sigterm_and_closes_them(tmp_path):
+    """A graceful shutdown waits for the responses in flight, and an event stream never ends on its
+    own: the service closes its streams (their clients resume with Last-Event-ID) instead of never
+    exiting. A plain and a dashboard stream are open."""
+    port = free_port()
+    process = start_service_process(tmp_path, port)
+    attached, ended = threading.Semaphore(0), threading.Semaphore(0)
+
+    def follow(path: str) -> None:
+        try:
+            with httpx.stream("GET", f"http://127.0.0.1:{port}{path}", timeout=60) as response:
+                assert response.headers["content-type"].startswith("text/event-stream")
+                attached.release()
+                for _ in response.iter_raw():
+                    pass
+        except httpx.HTTPError:
+            pass  # the connection closed mid-body, as a restart would
+        ended.release()
+
+    try:
+        for path in ("/v1/events", "/ui/events"):
+            threading.Thread(target=follow, args=(path,), daemon=True).start()
+        for _ in range(2):
+            assert attached.acquire(timeout=30)
+        process.send_signal(signal.SIGTERM)
+        # uvicorn re-raises the signal once its shutdown is complete
+        assert process.wait(timeout=20) == -signal.SIGTERM, "the service exits on SIGTERM with streams open"
+        for _ in range(2):
+            assert ended.acquire(timeout=5), "every stream is closed"
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
 
 
 def test_a_wake_up_with_more_events_than_one_read_takes_delivers_them_all_at_once(tmp_path):

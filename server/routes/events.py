@@ -12,6 +12,7 @@ from ckptstore.events import EVENT_TYPES, EventPage
 from ckptstore.names import validate_name
 from server.deps import HubDep
 from server.errors import COMMON_ERRORS, ApiError, error_responses
+from server.protocol import ENDLESS
 from server.stream import EventHub
 
 __all__ = ["router", "stream_response", "event_filter"]
@@ -82,6 +83,7 @@ def stream_response(
     start = hub.read_through if after is None else after
     gzip = accepts_gzip(request.headers.get("accept-encoding"))
     frames = hub.events(start, job=job, types=types, named=named, gzip=gzip)
+    request.scope[ENDLESS] = True  # a shutdown closes the stream instead of waiting for its end
     headers = STREAM_HEADERS | ({"Content-Encoding": "gzip"} if gzip else {})
     return StreamingResponse(frames, media_type="text/event-stream", headers=headers)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -151,6 +152,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
 
 YOUNG_COLLECTION_THRESHOLD = 10_000  # CPython's default is 700; bench/RESULTS.md, events
+GIL_SWITCH_SECONDS = 0.001  # CPython's default is 0.005; bench/RESULTS.md, events
 
 
 def app_factory() -> FastAPI:
@@ -161,9 +163,13 @@ def app_factory() -> FastAPI:
     bench/RESULTS.md). The youngest generation is collected every YOUNG_COLLECTION_THRESHOLD
     allocations, not 700: the objects of requests in flight then die young instead of being promoted
     into the older generations, whose collections also scan every open event stream's objects.
-    Only here, in the service's own process, never in a caller's (tests)."""
+    A thread waiting for the GIL asks for it after GIL_SWITCH_SECONDS, not 5 ms: the group-commit
+    writer takes it back after every database call, and the event loop holds it for whole bursts
+    (a wake-up's sends to every event stream). Only here, in the service's own process, never in a
+    caller's (tests)."""
     app = create_app()
     gc.collect()
     gc.freeze()
     gc.set_threshold(YOUNG_COLLECTION_THRESHOLD, *gc.get_threshold()[1:])
+    sys.setswitchinterval(GIL_SWITCH_SECONDS)
     return app

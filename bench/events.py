@@ -37,31 +37,44 @@ SUBSCRIBERS = r"""
 import asyncio, sys, zlib
 port, count, gzip = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "gzip"
 received = 0
+counts = {}
+def events_in(segment):
+    # Every gzip chunk is a deflate segment of whole frames that refers to nothing before it
+    # (server/stream.py), and the streams all carry the same ones: each distinct segment is inflated
+    # once for all of them. Inflating each stream's copy took this process 0.17 s of CPU per second
+    # on the 2 cores it shares with the service, wrk and the database, at the very moments the
+    # service fans a wake-up out (bench/RESULTS.md, events, eighth round).
+    found = counts.get(segment)
+    if found is None:
+        found = counts[segment] = zlib.decompressobj(-zlib.MAX_WBITS).decompress(segment).count(b"\ndata: ")
+        if len(counts) > 10_000:
+            counts.clear()
+    return found
 async def subscriber(i):
     # Reads what arrives in chunks and counts its data lines: reading line by line took 0.25-0.3 s of
     # CPU per second from the 2 cores the service and wrk share (chunks: 0.05 s). A gzip stream's
-    # body is taken out of its chunked framing and inflated.
+    # body is taken out of its chunked framing, its gzip header skipped, its segments counted.
     global received
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     accept = b"Accept-Encoding: gzip\r\n" if gzip else b""
     writer.write(b"GET /v1/events HTTP/1.1\r\nHost: 127.0.0.1\r\n" + accept + b"\r\n")
     head = await reader.readuntil(b"\r\n\r\n")
-    inflate = zlib.decompressobj(16 + zlib.MAX_WBITS) if b"content-encoding: gzip" in head.lower() else None
-    body, tail = b"", b""
+    gzipped = b"content-encoding: gzip" in head.lower()
+    body, tail, header = b"", b"", 10 if gzipped else 0
     while True:
         chunk = await reader.read(1 << 16)
         if not chunk:
             return
-        if inflate is not None:
-            body += chunk
-            frames = []
-            while (end := body.find(b"\r\n")) >= 0 and len(body) >= end + 2 + int(body[:end], 16) + 2:
-                size = int(body[:end], 16)
-                frames.append(body[end + 2 : end + 2 + size])
-                body = body[end + 4 + size :]
-            chunk = inflate.decompress(b"".join(frames))
-        received += (tail + chunk).count(b"\ndata: ")
-        tail = chunk[-6:]
+        if not gzipped:
+            received += (tail + chunk).count(b"\ndata: ")
+            tail = chunk[-6:]
+            continue
+        body += chunk
+        while (end := body.find(b"\r\n")) >= 0 and len(body) >= end + 2 + int(body[:end], 16) + 2:
+            size = int(body[:end], 16)
+            segment = body[end + 2 + header : end + 2 + size]
+            body, header = body[end + 4 + size :], 0
+            received += events_in(segment)
 async def main():
     tasks = [asyncio.create_task(subscriber(i)) for i in range(count)]
     await asyncio.sleep(0.5)

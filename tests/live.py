@@ -1,4 +1,5 @@
-"""A real uvicorn serving `create_app(settings)` on 127.0.0.1 in a background thread (httpx's pattern)."""
+"""A real uvicorn serving `create_app(settings)` on 127.0.0.1 in a background thread (httpx's pattern),
+with the service's own HTTP protocol."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import uvicorn
 
 from server.app import create_app
 from server.migrate import migrate
+from server.protocol import BoundedHttpToolsProtocol
 from server.settings import Settings
 from tests.servers import free_port
 
@@ -42,7 +44,12 @@ class LiveService:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         config = uvicorn.Config(
-            create_app(settings), host="127.0.0.1", port=self.port, log_level="warning", lifespan="on"
+            create_app(settings),
+            host="127.0.0.1",
+            port=self.port,
+            http=BoundedHttpToolsProtocol,  # the service's own protocol, as `ckptstore serve` runs it
+            log_level="warning",
+            lifespan="on",
         )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)

@@ -6,8 +6,10 @@
 For each database: `python -m server` (1 worker) on a database filled with 1,000 jobs × 8 nodes ×
 10 epochs; wrk measures commit throughput (64 connections, POST commits of new positions) and the
 cached last-good throughput (32 connections, after asking every job once) with no subscriber, then
-again with --subscribers SSE streams attached (held by a separate process, reading every event; by
-default they accept gzip, as browsers, httpx and `ckptstore watch` do), --reps times interleaved;
+again with --subscribers SSE streams attached (held by a separate process, reading every byte and
+counting every event; by default they accept gzip, as browsers, httpx and `ckptstore watch` do, and
+the process inflates each distinct segment once for all its streams: real subscribers run on other
+machines, these share the service's cores), --reps times interleaved;
 the ratios compare the medians of the two sides in the same run. Then one subscriber of one job and a
 writer committing one position at a time measure commit-to-event latency: from sending the commit
 to the `checkpoint.committed` event arriving on the stream (p50, p99 over 300 commits). Needs wrk (Debian: apt-get install wrk).

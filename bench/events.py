@@ -34,10 +34,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.service import make_database, populate, run_wrk, running_service, warm_up  # noqa: E402
 from server.migrate import migrate  # noqa: E402
+from server.stream import GZIP_HEADER  # noqa: E402
 
 SUBSCRIBERS = r"""
 import asyncio, sys, zlib
 port, count, gzip = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "gzip"
+gzip_header_size = int(sys.argv[4])  # the service's GZIP_HEADER, first in a gzip stream's body
 received = 0
 counts = {}
 def events_in(segment):
@@ -62,7 +64,7 @@ async def subscriber(i):
     writer.write(b"GET /v1/events HTTP/1.1\r\nHost: 127.0.0.1\r\n" + accept + b"\r\n")
     head = await reader.readuntil(b"\r\n\r\n")
     gzipped = b"content-encoding: gzip" in head.lower()
-    body, tail, header = b"", b"", 10 if gzipped else 0
+    body, tail, header = b"", b"", gzip_header_size if gzipped else 0
     while True:
         chunk = await reader.read(1 << 16)
         if not chunk:
@@ -159,7 +161,15 @@ def measure(kind: str, subscribers: int, duration: int, nice: int, reps: int, en
                         alone.append(throughput(port, root, duration, salt))
                         continue
                     crowd = subprocess.Popen(
-                        [sys.executable, "-c", SUBSCRIBERS, str(port), str(subscribers), encoding],
+                        [
+                            sys.executable,
+                            "-c",
+                            SUBSCRIBERS,
+                            str(port),
+                            str(subscribers),
+                            encoding,
+                            str(len(GZIP_HEADER)),
+                        ],
                         stdout=subprocess.PIPE,
                         text=True,
                         preexec_fn=(lambda: os.nice(nice)) if nice else None,

@@ -111,18 +111,18 @@ async def commit_to_event(port: int, root: str, commits: int = 300) -> dict:
     latencies = []
     for i in range(commits):
         epoch = 5_000_000 + i
-        body = json.dumps(
-            {
-                "epoch": epoch,
-                "attempt": 1,
-                "location": f"{root}/job-00007/n0/{epoch:010d}/1",
-                "bytes": 1,
-                "checksums": {},
-            }
-        ).encode()
+        commit = {
+            "node": "n0",
+            "epoch": epoch,
+            "attempt": 1,
+            "location": f"{root}/job-00007/n0/{epoch:010d}/1",
+            "bytes": 1,
+            "checksums": {},
+        }
+        body = json.dumps({"commits": [commit]}).encode()  # the route the Python client commits through
         started = time.perf_counter()
         post_writer.write(
-            b"POST /v1/jobs/job-00007/nodes/n0/checkpoints HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"POST /v1/jobs/job-00007/checkpoints/batch HTTP/1.1\r\nHost: 127.0.0.1\r\n"
             b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
         )
         header = await post_reader.readuntil(b"\r\n\r\n")

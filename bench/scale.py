@@ -5,11 +5,13 @@ while the service is down.
     python bench/scale.py [--db sqlite postgres] [--duration 10] [--previous REF] [--workers 1]
                           [--phases commits big_job last_good dashboard outage] [--out FILE]
 
-- commits: wrk, 64 connections, POST commits of new positions over 1,000 jobs × 8 nodes (closed
+- commits: wrk, 64 connections, commits of new positions (`POST …/checkpoints/batch`, one commit
+  each: the Python client's route) over 1,000 jobs × 8 nodes (closed
   loop, --duration): requests/s and p99, this tree vs `git archive REF` (the previous release) on
   databases of the same size, in the same run, each with --workers service processes.
 - big_job: a 4,096-node job; every node registers an attempt, then every node commits epoch 0 at
-  once (one request each, 64 connections, a raw HTTP/1.1 client so the client costs little CPU);
+  once (one request each on the batch route the Python client uses, 64 connections, a raw HTTP/1.1
+  client so the client costs little CPU);
   seconds for each, and how long after the last commit's answer the last good epoch is 0.
 - last_good: wrk GET last-good-epoch over 1,000 cached jobs vs GET /healthz (the trivial endpoint)
   through the same stack: 2 workers on PostgreSQL, and 3 replicas (1 worker each) behind nginx.
@@ -78,7 +80,8 @@ def commits(kind: str, code: str | None, duration: int, workers: int) -> dict:
 
 
 async def send_all(port: int, requests: list[bytes], connections: int = 64) -> tuple[float, list[int]]:
-    """Send every request (raw HTTP/1.1, keep-alive) over `connections` connections: seconds, statuses."""
+    """Send every request (raw HTTP/1.1, keep-alive) over `connections` connections: seconds, statuses
+    (of a batch of commits, its commits' statuses)."""
     pending = list(reversed(requests))
     statuses: list[int] = []
 
@@ -87,8 +90,11 @@ async def send_all(port: int, requests: list[bytes], connections: int = 64) -> t
         while pending:
             writer.write(pending.pop())
             header = await reader.readuntil(b"\r\n\r\n")
-            await reader.readexactly(int(re.search(rb"content-length: (\d+)", header, re.I).group(1)))
-            statuses.append(int(header[9:12]))
+            body = await reader.readexactly(int(re.search(rb"content-length: (\d+)", header, re.I).group(1)))
+            if body.startswith(b"["):  # a batch: each commit's own status
+                statuses.extend(outcome["status"] for outcome in json.loads(body))
+            else:
+                statuses.append(int(header[9:12]))
         writer.close()
 
     started = time.perf_counter()
@@ -100,6 +106,11 @@ def post(path: str, body: dict) -> bytes:
     data = json.dumps(body).encode()
     head = f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
     return head.encode() + data
+
+
+def commit(root: str, node: str) -> dict:
+    """A commit of epoch 0 by attempt 1 of `node` of job `big`."""
+    return {"epoch": 0, "attempt": 1, "location": f"{root}/big/{node}/0000000000/1", "bytes": 1, "checksums": {}}
 
 
 def get_json(port: int, path: str) -> dict:
@@ -124,10 +135,10 @@ def big_job(kind: str, code: str | None, workers: int) -> dict:
             urllib.request.urlopen(declare, timeout=60).read()
             attempts = [post(f"/v1/jobs/big/nodes/{n}/attempts", {}) for n in nodes]
             register_s, registered = asyncio.run(send_all(port, attempts))
-            bodies = [
+            bodies = [  # one request each, on the route the Python client commits through
                 post(
-                    f"/v1/jobs/big/nodes/{n}/checkpoints",
-                    {"epoch": 0, "attempt": 1, "location": f"{root}/big/{n}/0000000000/1", "bytes": 1, "checksums": {}},
+                    "/v1/jobs/big/checkpoints/batch",
+                    {"commits": [{"node": n, **commit(root, n)}]},
                 )
                 for n in nodes
             ]

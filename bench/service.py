@@ -6,7 +6,8 @@
 For each database and worker count it starts `python -m server` on 127.0.0.1, fills the database
 directly with jobs × nodes × epochs committed records (all positions good), then measures with wrk
 (closed loop, 32 connections, bounded by --duration): GET /healthz (the trivial endpoint), GET
-last-good-epoch over random jobs, POST commits of new epochs, and a mix (80 % last-good, 15 %
+last-good-epoch over random jobs, commits of new epochs (`POST …/checkpoints/batch` with one commit
+each: the route the Python client commits through), and a mix (80 % last-good, 15 %
 commits, 5 % health). A fixed-rate open-loop generator then sends last-good queries at --rate rps
 and reports p50/p99 from each request's scheduled start (no coordinated omission). EXPLAIN plans of
 the last-good queries are recorded. With `--previous REF` every measurement is repeated, in the
@@ -51,9 +52,11 @@ local function commit()
   local job = string.format("job-%%05d", math.random(0, jobs - 1))
   local epoch = 1000000 + counter * 16 + %d
   local node = string.format("n%%d", math.random(0, nodes - 1))
-  local body = string.format('{"epoch":%%d,"attempt":1,"location":"%%s/%%s/%%s/%%010d/1","bytes":1,"checksums":{}}',
-                             epoch, root, job, node, epoch)
-  return wrk.format("POST", "/v1/jobs/" .. job .. "/nodes/" .. node .. "/checkpoints",
+  -- The route the Python client commits through (ServiceClient.commit_many): a batch, here of one commit.
+  local body = string.format(
+    '{"commits":[{"node":"%%s","epoch":%%d,"attempt":1,"location":"%%s/%%s/%%s/%%010d/1","bytes":1,"checksums":{}}]}',
+    node, epoch, root, job, node, epoch)
+  return wrk.format("POST", "/v1/jobs/" .. job .. "/checkpoints/batch",
                     {["Content-Type"] = "application/json"}, body)
 end
 local function health()

@@ -45,8 +45,9 @@ def request_for(kind: str, jobs: int, root: str, counters: dict) -> bytes:
     if kind == "commit":
         epoch = counters[(job, node)] = counters.get((job, node), EPOCHS - 1) + 1
         location = f"{root}/{job}/{node}/{epoch:010d}/1"
-        body = json.dumps({"epoch": epoch, "attempt": 1, "location": location, "bytes": 1})
-        path = f"/v1/jobs/{job}/nodes/{node}/checkpoints"
+        # The route the Python client commits through: a batch (of one commit).
+        body = json.dumps({"commits": [{"node": node, "epoch": epoch, "attempt": 1, "location": location, "bytes": 1}]})
+        path = f"/v1/jobs/{job}/checkpoints/batch"
         method = "POST"
     else:
         body = json.dumps({"cp_accessible": True, "latency_ms": 1.0})
@@ -71,8 +72,10 @@ async def soak(port: int, pid: int, rate: int, duration: float, jobs: int, root:
             scheduled, kind = item
             writer.write(request_for(kind, jobs, root, counters))
             header = await reader.readuntil(b"\r\n\r\n")
-            await reader.readexactly(int(re.search(rb"content-length: (\d+)", header, re.IGNORECASE).group(1)))
+            body = await reader.readexactly(int(re.search(rb"content-length: (\d+)", header, re.IGNORECASE).group(1)))
             status = header[9:12].decode()
+            if status == "200" and body.startswith(b"["):  # a batch: its commit's own status
+                status = str(json.loads(body)[0]["status"])
             if not status.startswith("2"):
                 errors[f"{kind} {status}"] = errors.get(f"{kind} {status}", 0) + 1
             latencies[kind].append(time.perf_counter() - scheduled)

@@ -103,7 +103,7 @@ def replication(gib: float, reps: int, endpoint: str) -> dict:
                 )
             else:
                 target = Store(f"s3://bench/rep{rep}", storage_options={"endpoint_url": endpoint, **S3})
-                target.copy_from(local, "job", "n0", 0, attempt="1", verify="sizes")
+                target.copy_from(local, ref.key, verify="sizes")
             seconds[variant].append(time.perf_counter() - started)
     shutil.rmtree(work, ignore_errors=True)
     size = ref.bytes

@@ -1,17 +1,8 @@
 """ckptstore core: checkpoints as safetensors shards + a manifest on any fsspec storage."""
 
-from ckptstore.errors import (
-    CheckpointNotFoundError,
-    CkptStoreError,
-    CommitConflictError,
-    CorruptCheckpointError,
-    FencedError,
-    InvalidNameError,
-    RequestRejectedError,
-    ServiceError,
-    ServiceUnavailableError,
-    StorageUnavailableError,
-)
+from ckptstore import errors
+from ckptstore.copykey import CopyKey
+from ckptstore.errors import *  # noqa: F403  (the error tree, as ckptstore.errors.__all__ lists it)
 from ckptstore.manifest import Manifest
 from ckptstore.position import Position
 from ckptstore.report import AccessReport, CheckpointInfo, CheckpointRef, LoadedCheckpoint, Problem, VerifyReport
@@ -20,6 +11,7 @@ from ckptstore.store import Store
 __all__ = [
     "Store",
     "Position",
+    "CopyKey",
     "Manifest",
     "CheckpointRef",
     "CheckpointInfo",
@@ -27,15 +19,6 @@ __all__ = [
     "VerifyReport",
     "Problem",
     "AccessReport",
-    "CkptStoreError",
-    "CheckpointNotFoundError",
-    "CorruptCheckpointError",
-    "CommitConflictError",
-    "FencedError",
-    "InvalidNameError",
-    "StorageUnavailableError",
-    "ServiceError",
-    "ServiceUnavailableError",
-    "RequestRejectedError",
+    *errors.__all__,
 ]
 __version__ = "0.1.0"

@@ -21,13 +21,13 @@ from typing import Any
 
 import numpy as np
 
+from ckptstore.copykey import CopyKey
+from ckptstore.crc import checksum, format_crc
 from ckptstore.errors import CorruptCheckpointError
 from ckptstore.layout import MANIFEST_NAME, shard_name
 from ckptstore.manifest import Manifest, ShardRecord, TensorRecord
-from ckptstore.position import Position
 from ckptstore.shard import ShardPlan, iter_shard_chunks, plan_shards
 from ckptstore.storage import Storage
-from ckptstore.verify import checksum, format_crc
 
 __all__ = ["commit_checkpoint", "copy_checkpoint", "discard_uncommitted"]
 
@@ -37,19 +37,16 @@ _DIRECTORY_LEVELS = 3  # <job>/<node>/<position>/ above the attempt prefix may b
 
 def commit_checkpoint(
     storage: Storage,
-    key: str,
+    copy: CopyKey,
     arrays: Mapping[str, np.ndarray],
     *,
-    job: str,
-    node: str,
-    position: Position,
-    attempt: str,
     step: int | None,
     metadata: dict[str, Any],
     shard_size: int,
     concurrency: int,
 ) -> Manifest:
-    """Write `arrays` as shards under `key`, make them durable, then publish the manifest."""
+    """Write `arrays` as the copy's shards, make them durable, then publish its manifest."""
+    key = copy.relpath
     plans = plan_shards(arrays, shard_size)
     storage.make_prefix(key)
     try:
@@ -58,11 +55,11 @@ def commit_checkpoint(
         storage.sync_directory(key, up_to=_DIRECTORY_LEVELS)
         slots = {slot.name: slot for plan in plans for slot in plan.slots}
         manifest = Manifest(
-            job=job,
-            node=node,
-            epoch=position.epoch,
-            batch=position.batch,
-            attempt=attempt,
+            job=copy.job,
+            node=copy.node,
+            epoch=copy.position.epoch,
+            batch=copy.position.batch,
+            attempt=copy.attempt,
             step=step,
             created_at=datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
             metadata=metadata,

@@ -1,7 +1,7 @@
 """Copies across tiers: find the nearest intact copy of one node's checkpoint at a position.
 
-A copy is one committed attempt of one node's checkpoint at one position on one tier. Tiers are
-named, nearest first (`local`, then `durable`). Invariant: `read_nearest_intact` returns a
+A copy (`CopyKey`) is one committed attempt of one node's checkpoint at one position on one tier.
+Tiers are named, nearest first (`local`, then `durable`). Invariant: `read_nearest_intact` returns a
 checkpoint only after every byte of it verified; each copy it passes over is reported (`Skipped`:
 `corrupt` or `missing`, with the reason) so the caller can mark it and no later restart trips on
 it. A storage outage is not a verdict on a copy: it propagates as StorageUnavailableError.
@@ -13,27 +13,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from ckptstore.copykey import CopyKey
 from ckptstore.errors import CheckpointNotFoundError, CorruptCheckpointError
 from ckptstore.names import TIERS, Tier
 from ckptstore.position import Position
 from ckptstore.report import LoadedCheckpoint
 from ckptstore.store import Store
 
-__all__ = ["TIERS", "Tier", "Copy", "Skipped", "Restored", "NoIntactCopyError", "read_nearest_intact"]
-
-
-@dataclass(frozen=True)
-class Copy:
-    """One attempt of one node's checkpoint at one position on one tier."""
-
-    tier: Tier
-    node: str
-    position: Position
-    attempt: str
-    location: str
-
-    def __str__(self) -> str:
-        return f"{self.node} {self.position} attempt {self.attempt} ({self.tier})"
+__all__ = ["Skipped", "Restored", "NoIntactCopyError", "read_nearest_intact"]
 
 
 @dataclass(frozen=True)
@@ -41,7 +28,7 @@ class Skipped:
     """A copy restore passed over, and why: `corrupt` (its bytes or manifest do not verify) or
     `missing` (its files, or the whole copy, are gone)."""
 
-    copy: Copy
+    copy: CopyKey
     state: Literal["corrupt", "missing"]
     reason: str
 
@@ -53,7 +40,7 @@ class Skipped:
 class Restored:
     """The copy restore read (verified), and the copies it skipped on the way."""
 
-    copy: Copy
+    copy: CopyKey
     checkpoint: LoadedCheckpoint
     skipped: tuple[Skipped, ...] = ()
 
@@ -72,7 +59,7 @@ def read_nearest_intact(
 ) -> Restored:
     """The nearest intact copy of `node`'s checkpoint at `position`: tiers in `TIERS` order, newest
     attempt first within a tier, every byte verified before it is returned (`deferred`: see
-    `Store.read_attempt`).
+    `Store.read_copy`).
 
     Raises NoIntactCopyError (a CheckpointNotFoundError) naming every copy tried when none verifies.
     """
@@ -81,18 +68,9 @@ def read_nearest_intact(
         store = tiers.get(tier)
         if store is None:
             continue
-        for attempt in reversed(store.attempts(job, node, position.epoch, batch=position.batch)):
-            copy = Copy(
-                tier,
-                node,
-                position,
-                attempt,
-                store.location(job, node, position.epoch, attempt=attempt, batch=position.batch),
-            )
+        for copy in reversed(store.copies(job, node, position)):
             try:
-                loaded = store.read_attempt(
-                    job, node, position.epoch, attempt=attempt, batch=position.batch, deferred=deferred
-                )
+                loaded = store.read_copy(copy, deferred=deferred)
             except CorruptCheckpointError as exc:
                 skipped.append(Skipped(copy, "missing" if exc.missing else "corrupt", str(exc)))
                 continue

@@ -20,12 +20,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from ckptstore.crc import byte_view, checksum, format_crc
 from ckptstore.errors import CorruptCheckpointError
 from ckptstore.localfs import aligned_empty
 from ckptstore.manifest import Manifest, TensorRecord
 from ckptstore.shard import numpy_dtype
 from ckptstore.storage import Storage
-from ckptstore.verify import as_array, byte_view, checksum, format_crc, raise_first, read_verified, scan_shards
+from ckptstore.verify import as_array, raise_first, read_verified, scan_shards
 
 __all__ = ["VerifiedTensors", "read_deferred"]
 

@@ -6,7 +6,11 @@
     ├── CommitConflictError         same attempt and position, different content
     ├── FencedError                 a newer attempt of the node exists: this writer is a zombie
     ├── InvalidNameError            a job/node/attempt name or position that could escape or break the layout
-    ├── StorageUnavailableError     storage cannot be reached or written now
+    ├── StorageUnavailableError     storage cannot be reached or written now (`failure`: transient or permanent)
+    ├── ConfigurationError          a set-up that can never work: a node outside the job, another storage root,
+    │                               a missing bucket, a root under a file, access denied (refused before training)
+    ├── ResumeRefusedError          intact copies of the job exist, but none qualifies to resume from: starting
+    │                               from scratch would retrain committed work silently (`fresh_start=True` allows it)
     └── ServiceError                the metadata service failed or refused
         ├── ServiceUnavailableError     unreachable, timed out, or 5xx after retries
         └── RequestRejectedError        a 4xx answer: carries the status, error code and detail
@@ -16,6 +20,8 @@ fsspec's own OSErrors pass through unchanged unless ckptstore gives them a new m
 
 from __future__ import annotations
 
+from ckptstore.failures import Failure
+
 __all__ = [
     "CkptStoreError",
     "CheckpointNotFoundError",
@@ -24,6 +30,8 @@ __all__ = [
     "FencedError",
     "InvalidNameError",
     "StorageUnavailableError",
+    "ConfigurationError",
+    "ResumeRefusedError",
     "ServiceError",
     "ServiceUnavailableError",
     "RequestRejectedError",
@@ -65,7 +73,34 @@ class InvalidNameError(CkptStoreError, ValueError):
 
 
 class StorageUnavailableError(CkptStoreError, OSError):
-    """Storage cannot be reached, written or read right now."""
+    """Storage cannot be reached, written or read right now. `failure` says why in one word
+    (`ckptstore.failures`): `unavailable` (transient), or `denied` / `misconfigured` (permanent until
+    someone fixes the credentials or the configuration), or `missing`."""
+
+    def __init__(self, *args: object, failure: Failure = "unavailable"):
+        super().__init__(*args)
+        self.failure = failure
+
+    @property
+    def permanent(self) -> bool:
+        """Whether trying again cannot help until the configuration or the credentials change."""
+        return self.failure in ("denied", "misconfigured")
+
+
+class ConfigurationError(CkptStoreError, ValueError):
+    """A set-up that can never work as configured; the message says what to change."""
+
+
+class ResumeRefusedError(CkptStoreError):
+    """A start would train from scratch although committed copies of the job exist; `copies` names them."""
+
+    def __init__(self, message: str, *, copies: tuple[object, ...] = ()):
+        super().__init__(message)
+        self.copies = copies
+
+    def __reduce__(self) -> tuple[type[ResumeRefusedError], tuple[str]]:
+        """Picklable (torch.distributed sends a rank's exception to the others); the copies stay behind."""
+        return type(self), (str(self),)
 
 
 class ServiceError(CkptStoreError):

@@ -106,11 +106,16 @@ def sign(secret: str, timestamp: str, body: bytes) -> str:
     return f"sha256={digest}"
 
 
-def verify_signature(secret: str, timestamp: str, body: bytes, signature: str, *, now: float | None = None) -> bool:
+def verify_signature(
+    secret: str, timestamp: str | None, body: bytes, signature: str | None, *, now: float | None = None
+) -> bool:
     """Whether a delivery is genuine: the signature matches (compared in constant time) and the
     timestamp is within SIGNATURE_TOLERANCE_S of `now` (a replayed old delivery fails)."""
+    if not (isinstance(timestamp, str) and isinstance(signature, str) and timestamp.isascii() and signature.isascii()):
+        return False  # a missing or non-ASCII header is a forged request, not an error
     try:
         age = abs((time.time() if now is None else now) - float(timestamp))
     except ValueError:
         return False
-    return age <= SIGNATURE_TOLERANCE_S and hmac.compare_digest(sign(secret, timestamp, body), signature)
+    expected = sign(secret, timestamp, body).encode()
+    return age <= SIGNATURE_TOLERANCE_S and hmac.compare_digest(expected, signature.encode())

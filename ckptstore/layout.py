@@ -16,6 +16,7 @@ from ckptstore.names import validate_attempt, validate_name
 from ckptstore.position import Position
 
 __all__ = [
+    "MANIFEST_TEMP_PREFIX",
     "MANIFEST_NAME",
     "PROBE_DIR",
     "shard_name",

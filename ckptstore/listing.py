@@ -8,11 +8,19 @@ sits at (`parse_manifest(expect=...)`), never from a listing alone or from modif
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 
-from ckptstore.layout import MANIFEST_NAME, checkpoint_key, parse_position_dirname, position_key
+from ckptstore.copykey import CopyKey
+from ckptstore.layout import MANIFEST_NAME, parse_position_dirname, position_key
 from ckptstore.manifest import Manifest, ManifestError, parse_manifest
-from ckptstore.names import ATTEMPT_LIMIT, attempt_number, attempt_sort_key, validate_attempt, validate_name
+from ckptstore.names import (
+    ACCEPTED_ATTEMPT_LIMIT,
+    Tier,
+    attempt_number,
+    attempt_sort_key,
+    validate_attempt,
+    validate_name,
+)
 from ckptstore.position import Position
 from ckptstore.report import CheckpointInfo
 from ckptstore.storage import Storage, StoredFile
@@ -53,21 +61,19 @@ def stored_attempts(storage: Storage, job: str, node: str, position: Position) -
 
 
 def committed_manifests(
-    storage: Storage, job: str, node: str, position: Position, attempt: str | int | None
-) -> Iterator[tuple[str, Manifest]]:
-    """Committed (attempt, manifest) pairs at a position, newest attempt first (just `attempt` if given)."""
-    if attempt is not None:
-        attempts = [validate_attempt(attempt)]
-    else:
-        attempts = stored_attempts(storage, job, node, position)[::-1]
+    storage: Storage, job: str, node: str, position: Position, attempt: str | None
+) -> Iterator[Manifest]:
+    """The committed manifests at a position, newest attempt first (just `attempt`'s if given)."""
+    attempts = [attempt] if attempt is not None else stored_attempts(storage, job, node, position)[::-1]
     for attempt_id in attempts:
-        path = f"{checkpoint_key(job, node, position, attempt_id)}/{MANIFEST_NAME}"
+        key = CopyKey(job, node, position, attempt_id)
+        path = f"{key.relpath}/{MANIFEST_NAME}"
         try:
             data = storage.read_object(path)
         except FileNotFoundError:
             continue
         try:
-            yield attempt_id, parse_manifest(bytes(data), expect=(job, node, position, attempt_id))
+            yield parse_manifest(bytes(data), expect=key)
         except ManifestError as exc:
             log.info("%s is not committed: %s", storage.path(path), exc)
 
@@ -81,21 +87,24 @@ def case_twin(storage: Storage, parent: str, name: str) -> str | None:
     return next((n for n in storage.list_names(parent) if n != name and n.casefold() == folded), None)
 
 
-def manifest_owner(storage: Storage, key: str) -> tuple[str, str, Position, str] | None:
-    """(job, node, position, attempt) that the manifest under `key` was written for, if one parses there."""
+def manifest_owner(storage: Storage, relpath: str) -> CopyKey | None:
+    """The copy the manifest under `relpath` was written for, if one parses there."""
     try:
-        data = storage.read_object(f"{key}/{MANIFEST_NAME}")
+        data = storage.read_object(f"{relpath}/{MANIFEST_NAME}")
     except FileNotFoundError:
         return None
     try:
         manifest = parse_manifest(bytes(data))
     except ManifestError:
         return None
-    return manifest.job, manifest.node, manifest.position, manifest.attempt
+    return manifest.key()
 
 
-def list_checkpoints(storage: Storage, url: str, job: str, node: str, *, concurrency: int) -> list[CheckpointInfo]:
-    """Every attempt prefix of a node on storage, committed or not, ordered by position and attempt."""
+def list_checkpoints(
+    storage: Storage, url: str, job: str, node: str, *, tier: Tier, concurrency: int, skip: Collection[CopyKey] = ()
+) -> list[CheckpointInfo]:
+    """Every attempt prefix of a node on storage, committed or not, ordered by position and attempt —
+    but those in `skip` (whose manifests are then not even read)."""
     validate_name(job, kind="job")
     validate_name(node, kind="node")
     groups: dict[tuple[Position, str], list[StoredFile]] = {}
@@ -110,29 +119,30 @@ def list_checkpoints(storage: Storage, url: str, job: str, node: str, *, concurr
             continue
         if position is not None:
             groups.setdefault((position, attempt), []).append(stored)
+    keys = {group: CopyKey(job, node, group[0], group[1], tier) for group in groups}
+    keys = {group: key for group, key in keys.items() if key not in skip}
+    groups = {group: files for group, files in groups.items() if group in keys}
     manifest_paths = {
-        group: f"{checkpoint_key(job, node, group[0], group[1])}/{MANIFEST_NAME}"
+        group: f"{keys[group].relpath}/{MANIFEST_NAME}"
         for group, files in groups.items()
         if any(f.relpath.endswith("/" + MANIFEST_NAME) for f in files)
     }
     blobs = storage.read_objects(list(manifest_paths.values()), concurrency=concurrency)
     infos = []
-    for (position, attempt), files in groups.items():
-        manifest, foreign = None, False
-        blob = blobs.get(manifest_paths.get((position, attempt), ""))
+    for group, files in groups.items():
+        key, manifest, foreign = keys[group], None, False
+        blob = blobs.get(manifest_paths.get(group, ""))
         if isinstance(blob, Exception) and not isinstance(blob, FileNotFoundError):
             raise blob
         if blob is not None and not isinstance(blob, Exception):
             try:
-                manifest = parse_manifest(bytes(blob), expect=(job, node, position, attempt))
+                manifest = parse_manifest(bytes(blob), expect=key)
             except ManifestError:
                 foreign = _parses(bytes(blob))
         infos.append(
             CheckpointInfo(
-                node=node,
-                position=position,
-                attempt=attempt,
-                location=f"{url}/{checkpoint_key(job, node, position, attempt)}",
+                key=key,
+                location=key.location(url),
                 committed=manifest is not None,
                 bytes=sum(f.size for f in files),
                 modified=max((f.mtime for f in files if f.mtime is not None), default=None),
@@ -140,7 +150,7 @@ def list_checkpoints(storage: Storage, url: str, job: str, node: str, *, concurr
                 foreign=foreign,
             )
         )
-    return sorted(infos, key=lambda i: (i.position, attempt_sort_key(i.attempt)))
+    return sorted(infos, key=lambda i: (i.key.position, i.key.attempt_order))
 
 
 def _parses(data: bytes) -> bool:
@@ -160,6 +170,6 @@ def highest_attempt(storage: Storage, job: str, node: str) -> int:
         position = parse_position_dirname(posdir)
         if position is not None:
             for attempt in stored_attempts(storage, job, node, position):
-                if attempt_number(attempt) < ATTEMPT_LIMIT:  # a planted huge id must not stop the counting
+                if attempt_number(attempt) < ACCEPTED_ATTEMPT_LIMIT:  # a planted huge id must not stop the counting
                     highest = max(highest, attempt_number(attempt))
     return highest

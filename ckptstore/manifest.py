@@ -15,11 +15,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from ckptstore.copykey import CopyKey
+from ckptstore.crc import checksum, format_crc
+from ckptstore.errors import InvalidNameError
 from ckptstore.layout import is_shard_name
-from ckptstore.names import NAME_PATTERN
+from ckptstore.names import NAME_PATTERN, Tier, validate_attempt
 from ckptstore.position import POSITION_LIMIT, Position
 from ckptstore.shard import numpy_dtype
-from ckptstore.verify import checksum, format_crc
 
 __all__ = [
     "FORMAT_NAME",
@@ -85,6 +87,10 @@ class Manifest(_Strict):
     def position(self) -> Position:
         return Position(self.epoch, self.batch)
 
+    def key(self, tier: Tier = "durable") -> CopyKey:
+        """The copy this manifest describes, on `tier` (a manifest is the same on every tier)."""
+        return CopyKey(self.job, self.node, self.position, self.attempt, tier)
+
     @property
     def total_bytes(self) -> int:
         return sum(shard.bytes for shard in self.shards)
@@ -108,6 +114,10 @@ def _canonical(body: dict[str, Any]) -> bytes:
 
 
 def _check_consistency(manifest: Manifest) -> None:
+    try:
+        validate_attempt(manifest.attempt)
+    except InvalidNameError as exc:
+        raise ManifestError(str(exc)) from None
     files = [shard.file for shard in manifest.shards]
     if not files or any(not is_shard_name(f) for f in files) or len(set(files)) != len(files):
         raise ManifestError(f"manifest lists invalid shard files {files[:5]}")
@@ -129,8 +139,8 @@ def _check_consistency(manifest: Manifest) -> None:
             raise ManifestError(f"tensor {tensor.name!r}: shape {tensor.shape} × {itemsize} B ≠ {tensor.nbytes} B")
 
 
-def parse_manifest(data: bytes, *, expect: tuple[str, str, Position, str] | None = None) -> Manifest:
-    """Parse and verify a manifest; `expect` = (job, node, position, attempt) of the path it was read from.
+def parse_manifest(data: bytes, *, expect: CopyKey | None = None) -> Manifest:
+    """Parse and verify a manifest; `expect` is the copy whose path it was read from.
 
     Raises ManifestError for anything that is not a committed manifest.
     """
@@ -154,8 +164,7 @@ def parse_manifest(data: bytes, *, expect: tuple[str, str, Position, str] | None
         raise ManifestError(f"manifest does not match the format: {exc.errors()[0]['msg']}") from None
     _check_consistency(manifest)
     if expect is not None:
-        job, node, position, attempt = expect
-        if (manifest.job, manifest.node, manifest.position, manifest.attempt) != (job, node, position, attempt):
+        if not manifest.key().is_copy_of(expect):
             raise ManifestError(
                 f"manifest was written for {manifest.job}/{manifest.node} {manifest.position} attempt "
                 f"{manifest.attempt}, not for the path it sits at"

@@ -25,6 +25,7 @@ __all__ = [
     "new_offline_attempt",
     "newest_attempts",
     "ATTEMPT_LIMIT",
+    "ACCEPTED_ATTEMPT_LIMIT",
     "Tier",
     "TIERS",
 ]
@@ -34,9 +35,12 @@ _NAME_RE = re.compile(NAME_PATTERN + r"\Z")
 # The same rule for OpenAPI documents and request generators, '..' excluded without look-ahead.
 NAME_JSON_SCHEMA = {"pattern": r"^[A-Za-z0-9](?:[A-Za-z0-9_-]|\.[A-Za-z0-9_-])*\.?$", "maxLength": 128}
 _ATTEMPT_RE = re.compile(r"([1-9][0-9]{0,9})(?:-([0-9a-f]{8}))?\Z")
-# Attempt numbers a counter hands out stay below this, so it can always count on: a larger id found on
-# storage is not counted when numbering, and the service refuses commits that carry one.
+# Attempt numbers a counter hands out stay below ATTEMPT_LIMIT. Numbers that come from outside — a
+# commit's attempt, a registration's `at_least`, an id found on storage by reindex or offline
+# numbering — count only below ACCEPTED_ATTEMPT_LIMIT, a tenth of it: no request or planted folder
+# can bring a node's counter near its end, so it can always go on (90 % of its numbers stay).
 ATTEMPT_LIMIT = 10**9
+ACCEPTED_ATTEMPT_LIMIT = 10**8
 _MAX_DECODE_ROUNDS = 4
 Tier = Literal["local", "durable"]
 TIERS: tuple[Tier, ...] = ("local", "durable")  # the tiers of a copy, nearest first
@@ -102,7 +106,7 @@ def attempt_number(attempt: str) -> int:
 
 def new_offline_attempt(highest_on_storage: int) -> str:
     """An attempt id for a start without the service: next number plus a random suffix."""
-    return f"{min(highest_on_storage, ATTEMPT_LIMIT - 1) + 1}-{secrets.token_hex(4)}"
+    return f"{min(highest_on_storage, ACCEPTED_ATTEMPT_LIMIT - 1) + 1}-{secrets.token_hex(4)}"
 
 
 def newest_attempts(items: Iterable[T], *, group: Callable[[T], K], attempt: Callable[[T], str]) -> dict[K, T]:

@@ -7,8 +7,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ckptstore.copykey import CopyKey
+from ckptstore.failures import PERMANENT, Failure
 from ckptstore.manifest import Manifest
-from ckptstore.position import Position
+from ckptstore.names import Tier
 from ckptstore.verify import Problem
 
 __all__ = ["CheckpointRef", "CheckpointInfo", "LoadedCheckpoint", "Problem", "VerifyReport", "AccessReport"]
@@ -16,25 +18,19 @@ __all__ = ["CheckpointRef", "CheckpointInfo", "LoadedCheckpoint", "Problem", "Ve
 
 @dataclass(frozen=True)
 class CheckpointRef:
-    """A committed checkpoint: where it is and what it holds (the body of a service commit)."""
+    """A committed copy: which one, where it is and what it holds (the body of a service commit)."""
 
-    job: str
-    node: str
-    position: Position
-    attempt: str
+    key: CopyKey
     location: str
     bytes: int
     checksums: dict[str, str]
     manifest: Manifest = field(repr=False)
 
     @classmethod
-    def of(cls, location: str, manifest: Manifest) -> CheckpointRef:
-        """The ref of the committed checkpoint at `location` whose manifest is `manifest`."""
+    def of(cls, location: str, manifest: Manifest, tier: Tier = "durable") -> CheckpointRef:
+        """The ref of the committed copy on `tier` at `location` whose manifest is `manifest`."""
         return cls(
-            job=manifest.job,
-            node=manifest.node,
-            position=manifest.position,
-            attempt=manifest.attempt,
+            key=manifest.key(tier),
             location=location,
             bytes=manifest.total_bytes,
             checksums={s.file: f"crc32c:{s.crc32c}" for s in manifest.shards},
@@ -46,9 +42,7 @@ class CheckpointRef:
 class CheckpointInfo:
     """One attempt prefix found on storage, committed or not (input to retention and reindex)."""
 
-    node: str
-    position: Position
-    attempt: str
+    key: CopyKey
     location: str
     committed: bool
     bytes: int
@@ -68,11 +62,10 @@ class LoadedCheckpoint:
 
 @dataclass(frozen=True)
 class VerifyReport:
-    """The outcome of verifying one checkpoint; `ok` when committed and no problem was found."""
+    """The outcome of verifying one copy; `ok` when committed and no problem was found."""
 
+    key: CopyKey
     location: str
-    position: Position
-    attempt: str
     committed: bool
     problems: tuple[Problem, ...] = ()
     bytes_checked: int = 0
@@ -93,8 +86,15 @@ class VerifyReport:
 
 @dataclass(frozen=True)
 class AccessReport:
-    """cp_accessible: whether storage could be written, read back and cleaned up just now."""
+    """cp_accessible: whether storage could be written, read back and cleaned up just now; when not,
+    the error and its kind (`ckptstore.failures`: None where storage did not answer in time)."""
 
     ok: bool
     latency_ms: float | None
     error: str | None = None
+    failure: Failure | None = None
+
+    @property
+    def permanent(self) -> bool:
+        """Whether the failure cannot pass by itself (credentials or configuration must change)."""
+        return self.failure in PERMANENT

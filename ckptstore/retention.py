@@ -16,7 +16,8 @@ from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from ckptstore.names import attempt_sort_key, newest_attempts
+from ckptstore.copykey import CopyKey
+from ckptstore.names import newest_attempts
 from ckptstore.position import Position
 
 __all__ = ["RetentionPolicy", "Candidate", "Deletion", "good_positions", "protected", "plan_deletions"]
@@ -50,11 +51,9 @@ class RetentionPolicy:
 
 @dataclass(frozen=True)
 class Candidate:
-    """One node's attempt at one position, as storage or the service knows it."""
+    """One node's attempt at one position (`key`; its tier does not count here), as storage or the service knows it."""
 
-    node: str
-    position: Position
-    attempt: str
+    key: CopyKey
     committed: bool
     modified: float | None = None
     metric: float | None = None
@@ -64,9 +63,7 @@ class Candidate:
 class Deletion:
     """A checkpoint attempt that may be deleted, and why: `retention`, `superseded` or `uncommitted`."""
 
-    node: str
-    position: Position
-    attempt: str
+    key: CopyKey
     reason: Literal["retention", "superseded", "uncommitted"]
 
 
@@ -75,7 +72,7 @@ def good_positions(candidates: Iterable[Candidate], expected_nodes: Collection[s
     nodes_at: dict[Position, set[str]] = {}
     for c in candidates:
         if c.committed:
-            nodes_at.setdefault(c.position, set()).add(c.node)
+            nodes_at.setdefault(c.key.position, set()).add(c.key.node)
     expected = set(expected_nodes)
     return {p for p, nodes in nodes_at.items() if expected and expected <= nodes}
 
@@ -110,21 +107,23 @@ def plan_deletions(
     last_epoch, resume = protected(good)
     ordered_good = sorted(good)
     metrics: dict[Position, float] = {}
-    for c in sorted(candidates, key=lambda c: c.node):
+    for c in sorted(candidates, key=lambda c: c.key.node):
         if c.committed and c.metric is not None:
-            metrics.setdefault(c.position, c.metric)
+            metrics.setdefault(c.key.position, c.metric)
     kept = _kept_positions(ordered_good, metrics, policy)
     droppable = {
-        c.position
+        c.key.position
         for c in candidates
         if policy.prunes
         and resume is not None
-        and c.position < resume
-        and c.position != last_epoch
-        and c.position not in kept
+        and c.key.position < resume
+        and c.key.position != last_epoch
+        and c.key.position not in kept
     }
     newest = newest_attempts(
-        (c for c in candidates if c.committed), group=lambda c: (c.node, c.position), attempt=lambda c: c.attempt
+        (c for c in candidates if c.committed),
+        group=lambda c: (c.key.node, c.key.position),
+        attempt=lambda c: c.key.attempt,
     )
 
     def old_enough(c: Candidate) -> bool:
@@ -132,12 +131,12 @@ def plan_deletions(
 
     deletions = []
     for c in candidates:
-        superseding = newest.get((c.node, c.position))
-        if c.position in droppable:
-            deletions.append(Deletion(c.node, c.position, c.attempt, "retention"))
+        superseding = newest.get((c.key.node, c.key.position))
+        if c.key.position in droppable:
+            deletions.append(Deletion(c.key, "retention"))
         elif not c.committed and old_enough(c):
-            deletions.append(Deletion(c.node, c.position, c.attempt, "uncommitted"))
+            deletions.append(Deletion(c.key, "uncommitted"))
         # An older attempt stays a fallback until the newer one has been committed for the grace period.
         elif c.committed and superseding is not None and superseding is not c and old_enough(superseding):
-            deletions.append(Deletion(c.node, c.position, c.attempt, "superseded"))
-    return sorted(deletions, key=lambda d: (d.position, d.node, attempt_sort_key(d.attempt)))
+            deletions.append(Deletion(c.key, "superseded"))
+    return sorted(deletions, key=lambda d: (d.key.position, d.key.node, d.key.attempt_order))

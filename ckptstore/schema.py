@@ -10,7 +10,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
-from ckptstore.names import ATTEMPT_LIMIT, NAME_JSON_SCHEMA, Tier, validate_attempt, validate_name
+from ckptstore.copykey import CopyKey
+from ckptstore.names import ACCEPTED_ATTEMPT_LIMIT, NAME_JSON_SCHEMA, Tier, validate_attempt, validate_name
 from ckptstore.position import POSITION_LIMIT, Position
 from ckptstore.retention import RetentionPolicy
 
@@ -31,6 +32,9 @@ __all__ = [
     "COMMIT_BATCH_LIMIT",
     "CheckpointRecord",
     "MarkRequest",
+    "MarkCause",
+    "RETENTION_CAUSES",
+    "DELETED_ON_PURPOSE",
     "NodeLocation",
     "NotGood",
     "LastGood",
@@ -68,6 +72,11 @@ Count = Annotated[int, Field(ge=0, lt=POSITION_LIMIT, strict=True)]
 Finite = Annotated[float, Field(allow_inf_nan=False)]  # JSON has no NaN or Infinity: refuse, never store null
 CheckpointState = Literal["committed", "corrupt", "missing", "deleted"]
 MarkState = Literal["corrupt", "missing", "deleted"]
+# Which part of ckptstore marked a copy: retention and gc deletions are `retention.deleted` events,
+# every other mark a `copy.marked` one; `operator` is anyone calling the API by hand.
+MarkCause = Literal["retention", "gc", "fit_finished", "restore", "verify", "replication", "operator"]
+RETENTION_CAUSES: tuple[MarkCause, ...] = ("retention", "gc")
+DELETED_ON_PURPOSE: tuple[MarkCause, ...] = (*RETENTION_CAUSES, "fit_finished")  # nothing went wrong there
 MAX_NODES = 4096
 
 
@@ -139,7 +148,7 @@ class AttemptRequest(_Request):
     at_least: int | None = Field(
         default=None,
         ge=1,
-        lt=ATTEMPT_LIMIT,
+        lt=ACCEPTED_ATTEMPT_LIMIT,
         strict=True,
         description="number this attempt at least so (reindex raises a counter in one request)",
     )
@@ -214,7 +223,12 @@ class CheckpointRecord(BaseModel):
     tier: Tier
     state: CheckpointState
     reason: str | None = None
+    cause: str | None = None  # who marked it (a MarkCause), when it is marked
     created_at: float
+
+    @property
+    def key(self) -> CopyKey:
+        return CopyKey(self.job, self.node, Position(self.epoch, self.batch), self.attempt, self.tier)
 
 
 COMMIT_BATCH_LIMIT = 256
@@ -248,6 +262,7 @@ class MarkRequest(_Request):
     attempt: AttemptId | None = None
     tier: Tier | None = None
     state: MarkState
+    cause: MarkCause = Field(default="operator", description="which part of ckptstore marks it (sets the event type)")
     reason: str | None = Field(default=None, max_length=1000)
 
 
@@ -354,6 +369,10 @@ class PlannedDeletion(BaseModel):
     location: str
     reason: str
 
+    def key(self, job: str) -> CopyKey:
+        """The copy to delete, of `job` (the plan's)."""
+        return CopyKey(job, self.node, Position(self.epoch, self.batch), self.attempt, self.tier)
+
 
 class RetentionPlan(BaseModel):
     job: str
@@ -364,7 +383,15 @@ class RetentionPlan(BaseModel):
 
 class ErrorBody(BaseModel):
     error: Literal[
-        "invalid", "not_found", "conflict", "fenced", "unauthorized", "forbidden", "too_large", "unavailable"
+        "invalid",
+        "not_found",
+        "conflict",
+        "fenced",
+        "unauthorized",
+        "forbidden",
+        "too_large",
+        "too_many",
+        "unavailable",
     ]
     detail: str
     extra: dict[str, Any] | None = None

@@ -3,9 +3,9 @@ and the one place where backend failures become `StorageUnavailableError`.
 
 Every method here is a storage call behind `_boundary`: not-found passes through as
 `FileNotFoundError` where "missing" is a valid answer (reads, listings, sizes); every other
-failure of the backend — an OSError, or an exception of botocore, aiohttp, s3fs, gcsfs, google
-auth or fsspec — is raised as `StorageUnavailableError(...) from exc`, so callers never guess
-from exception types or texts. "What exists" is read from filesystems opened with
+failure of the backend — what `ckptstore.failures` maps, explicitly, class by class — is raised as
+`StorageUnavailableError(...) from exc` carrying its kind (transient, or permanent: denied,
+misconfigured), so callers never guess from exception types or texts. "What exists" is read from filesystems opened with
 `skip_instance_cache=True, use_listings_cache=False`, so another process's new checkpoint is never
 hidden by a cached listing. The order of writes that makes a checkpoint committed is
 `ckptstore.commit`'s.
@@ -13,10 +13,13 @@ hidden by a cached listing. The order of writes that makes a checkpoint committe
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import functools
+import logging
 import os
 import threading
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -24,35 +27,43 @@ from datetime import datetime
 from typing import Any, ParamSpec, TypeVar
 
 import fsspec
-import numpy as np
+from fsspec.asyn import AsyncFileSystem
 from fsspec.implementations.local import LocalFileSystem
 
 from ckptstore import localfs
+from ckptstore.crc import Buffer
 from ckptstore.errors import CkptStoreError, StorageUnavailableError
+from ckptstore.failures import Failure, failure_of
 from ckptstore.layout import MANIFEST_TEMP_PREFIX
 
-__all__ = ["Storage", "StoredFile", "Buffer", "open_storage", "storage_error", "UPLOAD_PART_SIZE"]
+__all__ = ["Storage", "StoredFile", "open_storage", "storage_error", "UPLOAD_PART_SIZE"]
 
-Buffer = bytes | np.ndarray
 UPLOAD_PART_SIZE = 8 << 20  # object stores: bytes buffered per upload in flight (docs/layout.md)
-_BACKEND_PACKAGES = ("botocore", "aiobotocore", "aiohttp", "s3fs", "gcsfs", "google", "fsspec", "requests", "urllib3")
+log = logging.getLogger("ckptstore")
 P = ParamSpec("P")
 R = TypeVar("R")
+_WHY: dict[Failure, str] = {
+    "denied": "access denied (credentials missing, expired or without permission)",
+    "misconfigured": "a request that cannot succeed as configured",
+    "missing": "not found",
+    "unavailable": "unreachable or failing now",
+}
 
 
 def storage_error(exc: Exception, where: str, *, missing_passes: bool = True) -> Exception:
-    """What a backend failure means to ckptstore: `exc` itself when it is not the backend's (or a
-    not-found that callers handle), else a `StorageUnavailableError` that says where and why."""
-    if isinstance(exc, CkptStoreError) or (missing_passes and isinstance(exc, FileNotFoundError)):
+    """What a backend failure means to ckptstore (`ckptstore.failures`): `exc` itself when it is not the
+    backend's or a not-found that callers handle (as FileNotFoundError), else a StorageUnavailableError that
+    says where and why and carries the failure's kind."""
+    if isinstance(exc, CkptStoreError):
         return exc
-    package = type(exc).__module__.split(".", 1)[0]
-    if not isinstance(exc, OSError) and package not in _BACKEND_PACKAGES:
+    failure = failure_of(exc)
+    if failure is None:
         return exc
+    if failure == "missing" and missing_passes:
+        return exc if isinstance(exc, FileNotFoundError) else FileNotFoundError(errno.ENOENT, str(exc))
     reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-    if "credential" in type(exc).__name__.lower():
-        reason = f"no credentials for this storage ({reason})"
     code = exc.errno if isinstance(exc, OSError) and exc.errno else errno.EIO
-    return StorageUnavailableError(code, f"storage {where} is unavailable: {reason}")
+    return StorageUnavailableError(code, f"storage {where} is unavailable, {_WHY[failure]}: {reason}", failure=failure)
 
 
 def _boundary(*, missing_passes: bool = True) -> Callable[[Callable[P, R]], Callable[P, R]]:
@@ -276,6 +287,11 @@ class Storage:
             return None
 
     @_boundary()
+    def exists(self, relpath: str) -> bool:
+        """Whether anything is at `relpath` (a file, a folder, an object prefix)."""
+        return bool(self.fs.exists(self.path(relpath)))
+
+    @_boundary()
     def list_names(self, relpath: str) -> list[str]:
         """Names of the entries directly under a prefix (uncached); [] if there is none."""
         try:
@@ -355,4 +371,27 @@ def open_storage(url: str, storage_options: dict[str, Any] | None = None) -> Sto
         raise error from exc
     if isinstance(fs, LocalFileSystem):
         root = os.path.abspath(root)
+    _quiet_background_failures(fs)
     return Storage(fs, root)
+
+
+_quieted: weakref.WeakSet[asyncio.AbstractEventLoop] = weakref.WeakSet()
+
+
+def _quiet_background_failures(fs: fsspec.AbstractFileSystem) -> None:
+    """A backend's own background tasks that fail in an outage (an aiohttp connection torn down) are
+    logged at debug level instead of printing "Task exception was never retrieved" tracebacks: the
+    call that needed them fails through the boundary above, which says what happened."""
+    loop = getattr(fs, "loop", None) if isinstance(fs, AsyncFileSystem) else None
+    if loop is None or loop in _quieted:
+        return
+
+    def handle(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        exc = context.get("exception")
+        if isinstance(exc, BaseException) and failure_of(exc) is not None:
+            log.debug("a storage backend's background task failed: %r", exc)
+            return
+        loop.default_exception_handler(context)
+
+    loop.set_exception_handler(handle)
+    _quieted.add(loop)

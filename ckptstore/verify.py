@@ -10,34 +10,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-import crc32c
 import numpy as np
 
+from ckptstore.crc import Buffer, byte_view, checksum, format_crc
 from ckptstore.errors import CheckpointNotFoundError, CorruptCheckpointError
+from ckptstore.manifest import Manifest, ShardRecord, TensorRecord
 from ckptstore.shard import numpy_dtype
-from ckptstore.storage import Buffer, Storage
+from ckptstore.storage import Storage
 
-if TYPE_CHECKING:  # types only: the manifest module needs `checksum` from here at run time
-    from ckptstore.manifest import Manifest, ShardRecord, TensorRecord
-
-__all__ = ["checksum", "format_crc", "Problem", "shard_problem", "scan_shards", "raise_first", "read_verified"]
-
-
-def checksum(data: Buffer | memoryview, value: int = 0) -> int:
-    """CRC32C of any buffer (bytes, memoryview, contiguous ndarray), continuing from `value`."""
-    return int(crc32c.crc32c(byte_view(data), value))
-
-
-def byte_view(data: Buffer | memoryview) -> memoryview:
-    """A flat byte view of a buffer, without a copy."""
-    view = data.data if isinstance(data, np.ndarray) else memoryview(data)
-    return view.cast("B") if view.format != "B" or view.ndim != 1 else view
-
-
-def format_crc(value: int) -> str:
-    return f"{value:08x}"
+__all__ = ["Problem", "shard_problem", "scan_shards", "raise_first", "read_verified", "as_array"]
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,8 @@ from client.commands import (
     cmd_watch,
 )
 
+__all__ = ["main", "build_parser", "serve", "DEFAULT_URL"]
+
 DEFAULT_URL = "http://127.0.0.1:8080"
 
 
@@ -144,11 +146,18 @@ def build_parser() -> argparse.ArgumentParser:
     watch.add_argument("job", nargs="?", default=None, help="only this job's events (default: every job's)")
     watch.add_argument("--since", type=int, default=None, help="start after this event id (default: from now on)")
     watch.add_argument("--types", default=None, help="comma-separated event types, e.g. position.good,copy.marked")
-    watch.add_argument("--count", type=int, default=None, help="stop after this many events")
+    watch.add_argument("--count", type=_positive, default=None, help="stop after this many events (1 or more)")
 
     inspect = add("inspect", cmd_inspect, "show a checkpoint's manifest: tensors, shapes, dtypes, sizes", output)
     inspect.add_argument("uri", help="checkpoint location, e.g. s3://ckpt/runs/mnist/worker-0/0000000005/3")
     return parser
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, got {value}")
+    return value
 
 
 def _one_line(exc: ValueError) -> str:

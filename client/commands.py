@@ -14,6 +14,25 @@ from contextlib import contextmanager
 from datetime import datetime, timezone
 from typing import Any
 
+__all__ = [
+    "EXIT_OK",
+    "EXIT_FAILURE",
+    "EXIT_USAGE",
+    "EXIT_NOT_FOUND",
+    "NothingFound",
+    "cmd_jobs",
+    "cmd_declare",
+    "cmd_epochs",
+    "cmd_last_good",
+    "cmd_verify",
+    "cmd_gc",
+    "cmd_reindex",
+    "cmd_copy",
+    "cmd_inspect",
+    "cmd_watch",
+    "printable",
+]
+
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_NOT_FOUND = 0, 1, 2, 3
 
 
@@ -24,12 +43,18 @@ class NothingFound(Exception):
 # -- output helpers ----------------------------------------------------------------------------
 
 
+def printable(text: str) -> str:
+    """`text` with every control or format character escaped (`\\x1b`, `\\u202e`): job data shown on a
+    terminal (a mark's reason, a health error — a job token can write both) must not drive the terminal."""
+    return "".join(c if c.isprintable() or c == " " else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
 def _emit(args: argparse.Namespace, data: Any, text: Callable[[], list[str]]) -> None:
     if args.json:
         print(json.dumps(data, indent=2, default=str))
     else:
         for line in text():
-            print(line)
+            print(printable(line))
 
 
 def _when(timestamp: float | None) -> str:
@@ -93,10 +118,15 @@ def cmd_declare(args: argparse.Namespace) -> int:
         info = client.put_job(
             args.job, nodes, storage_root=args.storage_root, local_root=args.local_root, retention=retention
         )
+    hint = (
+        "; a training process is node-i when RANK=i, JOB_COMPLETION_INDEX=i or CKPTSTORE_NODE=node-i"
+        if args.nodes.isdigit()
+        else ""
+    )
     _emit(
         args,
         info.model_dump(mode="json"),
-        lambda: [f"{info.job}: nodes {', '.join(info.nodes)}; storage {info.storage_root}"],
+        lambda: [f"{info.job}: nodes {', '.join(info.nodes)}; storage {info.storage_root}{hint}"],
     )
     return EXIT_OK
 
@@ -144,7 +174,22 @@ def cmd_last_good(args: argparse.Namespace) -> int:
         return lines
 
     _emit(args, answer.model_dump(mode="json"), text)
-    return EXIT_OK if answer.epoch is not None or answer.resume is not None else EXIT_NOT_FOUND
+    if answer.epoch is not None or answer.resume is not None:
+        return EXIT_OK
+    if _deleted_on_purpose(args):  # a finished job, not one without a good position yet
+        print(f"{args.job}: every checkpoint was deleted on purpose (a finished fit, retention)", file=sys.stderr)
+        return EXIT_OK
+    return EXIT_NOT_FOUND
+
+
+def _deleted_on_purpose(args: argparse.Namespace) -> bool:
+    """Whether the job had checkpoints and all of them were deleted by retention, gc or a finished fit."""
+    from ckptstore.schema import DELETED_ON_PURPOSE
+    from client.operations import iter_records
+
+    with _client(args) as client:
+        records = list(iter_records(client, args.job))
+    return bool(records) and all(r.state == "deleted" and r.cause in DELETED_ON_PURPOSE for r in records)
 
 
 # -- operations on storage ---------------------------------------------------------------------
@@ -252,31 +297,43 @@ def cmd_copy(args: argparse.Namespace) -> int:
     from client.operations import copy
 
     with _progress(0, "copy") as progress:
-        copied = copy(args.src, args.dst, progress=progress)
+        results = copy(args.src, args.dst, progress=progress)
+    copied = [(c, c.destination) for c in results if c.destination is not None]
+    failed = [c for c in results if c.destination is None]
     _emit(
         args,
-        [{"source": c.source, "destination": c.destination.location, "bytes": c.destination.bytes} for c in copied],
+        [
+            {"source": c.source, "destination": d and d.location, "bytes": d and d.bytes, "error": c.error}
+            for c, d in [(c, c.destination) for c in results]
+        ],
         lambda: (
-            [f"{c.source} -> {c.destination.location} (verified)" for c in copied]
-            + [f"{len(copied)} checkpoints copied, {sum(c.destination.bytes for c in copied)} bytes"]
+            [f"{c.source} -> {d.location} (verified)" for c, d in copied]
+            + [f"{c.source} NOT COPIED: {c.error}" for c in failed]
+            + [
+                f"{len(copied)} checkpoints copied, {sum(d.bytes for _, d in copied)} bytes"
+                + (f"; {len(failed)} not copied (their source does not verify)" if failed else "")
+            ]
         ),
     )
-    return EXIT_OK
+    return EXIT_FAILURE if failed else EXIT_OK
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     from ckptstore import Store
+    from ckptstore.errors import CorruptCheckpointError
     from client.operations import split_location
 
-    root, job, one = split_location(args.uri)
-    if one is None:
+    root, job, copy = split_location(args.uri)
+    if copy is None:
         raise ValueError(f"{args.uri!r} is not a checkpoint location <root>/<job>/<node>/<position>/<attempt>")
-    node, position, attempt = one
-    manifest = Store(root).manifest(job, node, position.epoch, batch=position.batch, attempt=attempt)
+    try:
+        manifest = Store(root).manifest(copy)
+    except CorruptCheckpointError as exc:  # a manifest that does not verify: that copy is not committed
+        raise NothingFound(f"{args.uri} is not committed: {exc}") from None
 
     def text() -> list[str]:
         lines = [
-            f"{job}/{node} position {manifest.position} attempt {manifest.attempt} step {manifest.step}",
+            f"{job}/{copy.node} position {manifest.position} attempt {manifest.attempt} step {manifest.step}",
             f"{len(manifest.tensors)} tensors in {len(manifest.shards)} shards, {manifest.total_bytes} bytes, "
             f"created {manifest.created_at}",
         ]
@@ -310,9 +367,10 @@ def cmd_watch(args: argparse.Namespace) -> int:
     types = [t.strip() for t in args.types.split(",") if t.strip()] if args.types else None
     seen = 0
     with _client(args) as client:
+        client.ping()  # a service that never answers is one line and exit 1, not silence
         try:
             for event in client.events(args.job, after=args.since, types=types):
-                print(event.model_dump_json() if args.json else _event_line(event), flush=True)
+                print(event.model_dump_json() if args.json else printable(_event_line(event)), flush=True)
                 seen += 1
                 if args.count is not None and seen >= args.count:
                     break

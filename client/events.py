@@ -6,18 +6,19 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager
+from typing import Any
 
 import httpx
 
 from ckptstore.errors import ServiceUnavailableError
 from ckptstore.events import Event
 
-if TYPE_CHECKING:
-    from client.service import ServiceClient
+__all__ = ["follow", "parse_sse", "Stream"]
 
-__all__ = ["follow", "parse_sse"]
+# How a follower opens one streamed request: (method, path, **httpx options) → the response, as a context.
+Stream = Callable[..., AbstractContextManager[httpx.Response]]
 
 log = logging.getLogger("ckptstore.client")
 READ_TIMEOUT_S = 90.0  # several heartbeats: a silent connection is a dead one
@@ -44,16 +45,17 @@ def parse_sse(lines: Iterable[str]) -> Iterator[tuple[str, str, str]]:
 
 
 def follow(
-    client: ServiceClient,
+    stream: Stream,
+    next_url: Callable[[], None],
     job: str | None = None,
     *,
     after: int | None = None,
     types: Iterable[str] | None = None,
     reconnect: bool = True,
 ) -> Iterator[Event]:
-    """Events from `after` (None: from now on), of one job and some types where given. A dropped
-    connection is reopened (at the next service URL) from the last id seen; with `reconnect` False
-    it raises ServiceUnavailableError instead."""
+    """Events from `after` (None: from now on), of one job and some types where given, over `stream`
+    (`ServiceClient.stream`). A dropped connection is reopened (at the next service URL: `next_url`)
+    from the last id seen; with `reconnect` False it raises ServiceUnavailableError instead."""
     params: dict[str, str] = {}
     if job is not None:
         params["job"] = job
@@ -64,7 +66,7 @@ def follow(
     while True:
         headers = {} if last is None else {"Last-Event-ID": str(last)}
         try:
-            for event in _stream(client, params, headers):
+            for event in _events(stream, params, headers):
                 wait = RECONNECT_S[0]
                 if isinstance(event, int):
                     last = event  # a reset: go on from the oldest event the log still has
@@ -75,15 +77,15 @@ def follow(
             if not reconnect:
                 raise ServiceUnavailableError(f"event stream lost: {exc}") from exc
             log.info("event stream lost (%s); reconnecting in %.1f s", type(exc).__name__, wait)
-            client.next_url()
+            next_url()
             time.sleep(wait)
             wait = min(wait * 2, RECONNECT_S[1])
 
 
-def _stream(client: ServiceClient, params: dict[str, str], headers: dict[str, str]) -> Iterator[Event | int]:
+def _events(stream: Stream, params: dict[str, str], headers: dict[str, Any]) -> Iterator[Event | int]:
     """The events of one connection; for a `reset`, the id to go on after."""
     timeout = httpx.Timeout(10.0, read=READ_TIMEOUT_S)
-    with client.stream("GET", "/v1/events", params=params, headers=headers, timeout=timeout) as response:
+    with stream("GET", "/v1/events", params=params, headers=headers, timeout=timeout) as response:
         for event_id, kind, data in parse_sse(response.iter_lines()):
             if kind == "reset":
                 log.warning("events left the service's log before they were read: %s", data)

@@ -23,6 +23,7 @@ import keras
 import numpy as np
 
 from ckptstore import Position
+from ckptstore.errors import CkptStoreError
 from client.loop import CheckpointManager
 from client.node import NodeCheckpointer
 from client.options import CheckpointOptions
@@ -161,6 +162,14 @@ class BackupAndRestore(keras.callbacks.Callback):
     def on_train_end(self, logs: dict | None = None) -> None:
         self.manager.wait()
         if self.delete_checkpoint and self.checkpointer.writes:
-            # Keras semantics: a finished fit removes its backup, so the next fit starts afresh.
-            self.checkpointer.delete_all(reason="fit finished")
+            # Keras semantics: a finished fit removes its backup, so the next fit starts afresh. Cleanup
+            # never fails a finished training: what cannot be deleted now stays, and is said.
+            try:
+                self.checkpointer.delete_all(cause="fit_finished", reason="fit finished")
+            except (CkptStoreError, OSError) as exc:
+                log.warning(
+                    "the job's checkpoints could not all be deleted after fit (%s): they stay on storage "
+                    "(`ckptstore gc` removes what retention allows); training's result is unaffected",
+                    exc,
+                )
         self.manager.close()

@@ -5,6 +5,7 @@ wait and close. A framework manager says only how its objects become named host 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -59,15 +60,16 @@ class LoopManager:
         (`first_batch(epoch)` says where to start).
         """
         self.preemption.install()
-        self.resume_position = self.checkpointer.start()
-        restored = self.checkpointer.restored
-        self.checkpointer.restored = None  # the arrays are applied below; their buffers can go afterwards
+        started = time.perf_counter()
+        restored = self.checkpointer.start()
         if restored is not None:
             checkpoint = restored.checkpoint
             with tracing.span(
                 "ckptstore.restore.assign", **self._where(restored.copy.position), bytes=checkpoint.manifest.total_bytes
             ):
                 self._apply(checkpoint.arrays, checkpoint.manifest.metadata)
+            self.checkpointer.resumed(restored, time.perf_counter() - started)
+        self.resume_position = None if restored is None else restored.copy.position
         self._started()
         position = self.resume_position
         if position is None:
@@ -89,21 +91,24 @@ class LoopManager:
         step: int | None = None,
         metrics: Mapping[str, float] | None = None,
         metadata: Mapping[str, Any] | None = None,
-    ) -> None:
+    ) -> bool:
         """Checkpoint the state at (epoch, batch: batches of `epoch` trained; None: the epoch is over);
-        returns once the state is copied to host memory (async saves) or committed."""
-        if not self.checkpointer.writes:
-            return
-        self.checkpointer.wait_for_write()  # the staging buffers are free once the previous write is done
-        with tracing.span("ckptstore.snapshot", **self._where(Position(epoch, batch))) as span:
+        returns once the state is copied to host memory (async saves) or committed. Returns whether it
+        saved: a process that does not write saves nothing, and a save that would wait behind one still
+        retrying a failing storage is skipped (counted and said; training goes on)."""
+        position = Position(epoch, batch)
+        # The staging buffers are free once the previous write is done: `ready` waits for it, or skips.
+        if not self.checkpointer.writes or not self.checkpointer.ready(position):
+            return False
+        with tracing.span("ckptstore.snapshot", **self._where(position)) as span:
             views, described = self._capture()
             # An async save writes while training goes on: from a copy. A synchronous one is written
             # before training can change anything: straight from the views (a copy of the state saved).
             arrays = snapshot_arrays(views, self._staging) if self.checkpointer.async_save else views
             if span is not None:  # tracing on: the sum costs a pass over every array otherwise
                 tracing.set_attributes(span, bytes=sum(a.nbytes for a in arrays.values()))
-        self.checkpointer.save(
-            Position(epoch, batch), arrays, step=step, metrics=metrics, metadata={**described, **(metadata or {})}
+        return self.checkpointer.save(
+            position, arrays, step=step, metrics=metrics, metadata={**described, **(metadata or {})}
         )
 
     def _where(self, position: Position) -> dict[str, str]:

@@ -1,20 +1,22 @@
 """One node's checkpoints of one job: attempt, restore, save on its tiers, replication, reports to
 the service, retention.
 
-Shared by the Keras callback and the custom-loop manager. Failure behaviour (README, "Failure
-behaviour"): storage failing → the save is skipped with a warning, a health report and a counter,
-training goes on (unless on_error="raise"); the local tier failing → the save goes straight to the
-durable tier; the durable tier away → local saves go on and replication retries with backoff;
-service away → checkpoints still go to storage, every report to the service waits in a background
-queue (training never waits for it) and is re-posted when it answers, and restore finds the newest
-intact copy on storage; fenced (a newer attempt of this node exists) → FencedError, whatever
-on_error says.
+Shared by the Keras callback, the loop managers and the DCP writer and reader. Failure behaviour
+(README, "Failure behaviour"): storage failing → the save is skipped with a warning, a health
+report and a counter, training goes on (unless on_error="raise"); the local tier failing → the save
+goes straight to the durable tier; the durable tier away → local saves go on and replication
+retries with backoff; service away → checkpoints still go to storage, every report to the service
+waits in a background queue (training never waits for it) and is re-posted when it answers, and
+restore finds the newest intact copy on storage; fenced (a newer attempt of this node exists) →
+FencedError, whatever on_error says.
+
+Who calls whom: the node drives the writer, the reports queue, the replicator and the retention
+thread; none of them calls back into another (the replicator hands each durable copy back here).
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -22,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ckptstore import CheckpointRef, Position, Store, tracing
+from ckptstore import AccessReport, CheckpointRef, CopyKey, Position, Store, tracing
 from ckptstore.copies import Restored
 from ckptstore.errors import (
     CheckpointNotFoundError,
@@ -32,30 +34,22 @@ from ckptstore.errors import (
     StorageUnavailableError,
 )
 from ckptstore.names import Tier, new_offline_attempt
-from ckptstore.schema import MarkState
+from ckptstore.schema import JobInfo, MarkCause, MarkState
 from client.identity import NodeIdentity, resolve_identity
 from client.options import CheckpointOptions
-from client.replication import LocalCopy, Replicator
+from client.replication import Replicator
 from client.reports import Reports
-from client.restore import Restorer
-from client.retention import delete_checkpoint
+from client.restore import NothingToRestoreError, Restorer
+from client.retention import Retention, delete_copy
 from client.service import ServiceClient
-from client.writer import BackgroundWriter
+from client.startup import check_job, check_resume, declare_job, fresh_anyway, probe_tiers, record_unknown_copies
+from client.wire import Commit, recordable
+from client.writer import SYNC_RETRY_S, BackgroundWriter, SaveCounts, write_retrying
 
 __all__ = ["NodeCheckpointer"]
 
 log = logging.getLogger("ckptstore.client")
-
-
-def _finite(metrics: Mapping[str, float]) -> dict[str, float]:
-    """The metrics that can be recorded: JSON has no NaN or infinity, so those are left out, said once."""
-    kept = {}
-    for name, value in metrics.items():
-        if math.isfinite(value):
-            kept[name] = float(value)
-        else:
-            log.warning("metric %r is %s: not recorded (JSON has no such number); the checkpoint is saved", name, value)
-    return kept
+RETRYING_GRACE_S = 10.0  # how long the end of a run waits for a save still retrying
 
 
 class NodeCheckpointer:
@@ -74,12 +68,14 @@ class NodeCheckpointer:
         self.local_store = self._local_tier()
         self.client = ServiceClient(self.options.service, token=self.options.token) if self.options.service else None
         self.attempt: str | None = None
-        self.restored: Restored | None = None
         self.fenced = False
-        self.skipped_saves = 0
-        self.saved: list[Position] = []
+        self.saves = SaveCounts()
+        self.declared: JobInfo | None = None  # the job as the service has it, once known
         self._writer = BackgroundWriter() if self.options.async_save else None
-        self.reports = Reports(self.client, self.job, self.node, on_fenced=self._fence, retention=self._apply_retention)
+        self.reports = Reports(self.client, self.job, self.node)
+        self._retention = (
+            None if self.client is None else Retention(self.client, self.job, self.node, self.tiers, self.reports)
+        )
         self._replicator = (
             None
             if self.local_store is None
@@ -92,6 +88,25 @@ class NodeCheckpointer:
                 on_lost=self._lost_locally,
             )
         )
+        if self.writes and self.client is not None:
+            self._check_declared_job(self.client)
+
+    @property
+    def skipped_saves(self) -> int:
+        return self.saves.skipped
+
+    def _check_declared_job(self, client: ServiceClient) -> None:
+        """Refuse at once a process that cannot take part in the job as declared (`startup.check_job`);
+        with the service away it is checked again at start."""
+        try:
+            self.declared = client.get_job(self.job)
+        except CheckpointNotFoundError:
+            return  # declared at start, as this process says
+        except ServiceUnavailableError as exc:
+            log.warning("service unreachable (%s): the job is checked at start", exc)
+            return
+        nodes = self.options.expected_nodes(self.node) if self.options.nodes is not None else self.declared.nodes
+        check_job(self.declared, identity=self.identity, nodes=nodes, storage=self.store.url)
 
     def _local_tier(self) -> Store | None:
         if self.options.local_storage is None or not self.writes:
@@ -102,7 +117,7 @@ class NodeCheckpointer:
                 "checkpoints, so they go straight to the durable tier"
             )
             return None
-        return Store(self.options.local_storage)
+        return Store(self.options.local_storage, tier="local")
 
     @property
     def tiers(self) -> dict[Tier, Store]:
@@ -111,18 +126,28 @@ class NodeCheckpointer:
 
     # -- start and restore ---------------------------------------------------------------------
 
-    def start(self) -> Position | None:
-        """Declare the job if needed, register this attempt, restore the newest intact copy (kept in
-        `restored`, every byte verified) and return its position (None on a fresh job)."""
-        if self.writes and self.client is not None:
+    def register(self) -> None:
+        """Probe the tiers (a misconfiguration fails here), declare or check the job, record the copies the
+        service does not know, then register this attempt (fencing older ones); offline (service away or
+        none), number it from storage. Processes that do not write register nothing (`client.startup`)."""
+        if not self.writes or self.attempt is not None:
+            return
+        probe_tiers(self.tiers)
+        if self.client is not None:
             try:
-                self._declare_job(self.client)
+                local_root = None if self.local_store is None else self.local_store.url
+                self.declared = declare_job(self.client, self.options, self.identity, self.store.url, local_root)
+                record_unknown_copies(self.client, self.job, self.node, self.tiers)
                 self.attempt = self.client.start_attempt(self.job, self.node)
             except ServiceUnavailableError as exc:
                 log.warning("service unreachable (%s): continuing with an offline attempt", exc)
-        if self.writes and self.attempt is None:
+        if self.attempt is None:
             self.attempt = new_offline_attempt(self._highest_attempt_on_storage())
-        started = time.perf_counter()
+
+    def start(self) -> Restored | None:
+        """Register, then find the newest intact copy to resume from, every byte verified (None on a
+        fresh job). Nothing is assigned here: the caller applies the arrays, then calls `resumed`."""
+        self.register()
         restorer = Restorer(
             job=self.job,
             node=self.node,
@@ -132,25 +157,34 @@ class NodeCheckpointer:
             timeout_s=self.options.restore_timeout_s,
         )
         with tracing.span("ckptstore.restore.read", job=self.job, node=self.node) as span:
-            self.restored = restorer.restore()
-            if self.restored is not None:
-                copy = self.restored.copy
-                nbytes = self.restored.checkpoint.manifest.total_bytes
-                tracing.set_attributes(span, position=str(copy.position), tier=copy.tier, bytes=nbytes)
-        if self.restored is not None:
-            nbytes = self.restored.checkpoint.manifest.total_bytes
-            self.reports.stats("restore", time.perf_counter() - started, nbytes)
-            copy, skipped = self.restored.copy, "; ".join(str(s) for s in self.restored.skipped)
-            # One line a user sees by default (not a log record at a level they may have hidden).
-            print(
-                f"ckptstore: {self.job}/{self.node} resumed from {copy.position} ({copy.tier} copy, attempt "
-                f"{copy.attempt}){'; skipped ' + skipped if skipped else ''}",
-                file=sys.stderr,
-                flush=True,
-            )
+            try:
+                restored = restorer.restore()
+            except NothingToRestoreError as exc:
+                if not self.options.fresh_start:
+                    raise
+                fresh_anyway(self.job, self.node, str(exc))
+                restored = None
+            if restored is not None:
+                nbytes = restored.checkpoint.manifest.total_bytes
+                tracing.set_attributes(
+                    span, position=str(restored.copy.position), tier=restored.copy.tier, bytes=nbytes
+                )
+        check_resume(self, restored)
         if self._replicator is not None:
             self._replicator.resume()
-        return None if self.restored is None else self.restored.copy.position
+        return restored
+
+    def resumed(self, restored: Restored, seconds: float) -> None:
+        """The restored state is in place: report the restore's time and say where it resumed from —
+        one line a user sees by default (not a log record at a level they may have hidden)."""
+        self.reports.stats("restore", seconds, restored.checkpoint.manifest.total_bytes)
+        copy, skipped = restored.copy, "; ".join(str(s) for s in restored.skipped)
+        print(
+            f"ckptstore: {self.job}/{self.node} resumed from {copy.position} ({copy.tier} copy, attempt "
+            f"{copy.attempt}){'; skipped ' + skipped if skipped else ''}",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def _highest_attempt_on_storage(self) -> int:
         """The highest attempt number on the tiers that answer (an offline id's random suffix keeps it unique)."""
@@ -162,50 +196,12 @@ class NodeCheckpointer:
                 log.warning("the %s tier is away (%s): numbering this offline attempt without it", tier, exc)
         return max(highest, default=0)
 
-    def _declare_job(self, client: ServiceClient) -> None:
-        """Declare the job on its first start (its expected nodes, retention, tiers); bring a job
-        declared by hand in line with this process's options: its max_to_keep, its local tier, its
-        node among the expected ones."""
-        local_root = None if self.local_store is None else self.local_store.url
-        expected = self.options.expected_nodes(self.node)
-        keep_last = self.options.max_to_keep
-        try:
-            info = client.get_job(self.job)
-        except CheckpointNotFoundError:
-            retention = {"keep_last": keep_last} if keep_last else None
-            client.put_job(self.job, expected, storage_root=self.store.url, local_root=local_root, retention=retention)
-            return
-        retention = info.retention.model_dump()
-        nodes = info.nodes + [n for n in expected if n not in info.nodes and self.node in expected]
-        wanted = (nodes, local_root or info.local_root, keep_last or retention["keep_last"])
-        if wanted != (info.nodes, info.local_root, retention["keep_last"]):
-            client.put_job(
-                self.job,
-                nodes,
-                storage_root=info.storage_root,
-                local_root=wanted[1],
-                retention=retention | {"keep_last": wanted[2]},
-            )
-
-    def resume_position(self) -> Position | None:
-        """The position a restore starts from: the service's resume position, or (service away) the
-        newest committed position on any tier. Unverified: `start` verifies."""
-        if self.client is not None:
-            try:
-                resume = self.client.last_good_epoch(self.job).resume
-                return None if resume is None else resume.to_position()
-            except CheckpointNotFoundError:
-                return None
-            except ServiceUnavailableError as exc:
-                log.warning("service unreachable (%s): finding the resume position on storage", exc)
-        positions = [p for store in self.tiers.values() for p in store.list_positions(self.job, self.node)]
-        return max(positions, default=None)
-
-    def load(self, position: Position) -> dict[str, np.ndarray]:
-        """This node's checkpoint at `position` from the durable tier, verified."""
-        return self.store.load(self.job, self.node, position.epoch, batch=position.batch)
-
     # -- save ----------------------------------------------------------------------------------
+
+    def ready(self, position: Position) -> bool:
+        """Whether a save at `position` can start now (`BackgroundWriter.admit`): never waiting behind a
+        save that retries a failing storage or ran past its patience — then it is skipped and counted."""
+        return self._writer is None or self._writer.admit(position, self.saves)
 
     def save(
         self,
@@ -215,15 +211,15 @@ class NodeCheckpointer:
         step: int | None = None,
         metadata: Mapping[str, Any] | None = None,
         metrics: Mapping[str, float] | None = None,
-    ) -> None:
-        """Save `arrays` at `position` (in the background when async); the arrays must stay unchanged until then.
-
-        A process that is not the chief saves nothing (under MultiWorkerMirroredStrategy the chief writes).
-        """
+    ) -> bool:
+        """Save `arrays` at `position` (in the background when async); the arrays must stay unchanged until
+        then. Returns whether the save started: not when a process is not the chief (under
+        MultiWorkerMirroredStrategy the chief writes), nor when `ready` skips it."""
         self.raise_if_fenced()
-        if not self.writes:
-            return
-        finite = _finite(metrics or {})
+        if not self.writes or not self.ready(position):
+            return False
+        self.saves.requested += 1
+        finite = recordable(metrics or {})
         caller = tracing.capture()  # the write's span continues the caller's trace on the writer thread
 
         def write() -> None:
@@ -234,16 +230,31 @@ class NodeCheckpointer:
             self._guarded(write)
             self.wait()
         else:
-            self._writer.submit(lambda: self._guarded(write))
+            self._writer.submit(position, lambda: self._guarded(write))
+        return True
 
     @property
     def async_save(self) -> bool:
         return self._writer is not None
 
-    def wait_for_write(self) -> None:
-        """Block until the save in flight is committed on its first tier (or skipped)."""
-        if self._writer is not None:
-            self._writer.wait()
+    def wait_for_write(self, *, grace: float = 0.0) -> None:
+        """Block until the save in flight is committed on its first tier (or skipped) — or found retrying a
+        failing storage: then `grace` seconds more at most, and it is counted skipped, said, and goes on
+        retrying in the background (committed after all, it counts as committed)."""
+        writer = self._writer
+        while writer is not None and not writer.wait(timeout=0.1):
+            flight = writer.in_flight
+            if flight is None or flight.failure is None:
+                continue
+            if not flight.abandoned and not writer.wait(timeout=grace):
+                flight.abandoned = True
+                self.saves.skip(f"the save at {flight.position} is {flight.state()}")
+                log.warning(
+                    "checkpoint save skipped: the save at %s is %s; it goes on retrying in the background",
+                    flight.position,
+                    flight.state(),
+                )
+            break
         self.raise_if_fenced()
 
     def wait(self) -> None:
@@ -252,11 +263,15 @@ class NodeCheckpointer:
         self.wait_for_write()
         if self._replicator is not None and not self._replicator.wait():
             log.warning("the durable tier is away: %d local copies wait for replication", self._replicator.pending)
+        if self._retention is not None and not self._retention.wait():
+            log.warning("service unreachable: retention waits for it")
         if not self.reports.drain():
-            log.warning("service unreachable: %d commit(s) will be re-posted", self.pending_commits)
+            log.warning("service unreachable: %d commit(s) will be re-posted", self.reports.pending_commits)
         self.raise_if_fenced()
 
     def raise_if_fenced(self) -> None:
+        if self.reports.fenced is not None:
+            self.fenced = True
         if self.fenced:
             raise FencedError(f"{self.job}/{self.node} attempt {self.attempt} is fenced: a newer attempt has started")
 
@@ -269,9 +284,19 @@ class NodeCheckpointer:
         except CkptStoreError as exc:
             if self.options.on_error == "raise":
                 raise
-            self.skipped_saves += 1
+            self.saves.skip(str(exc))
             log.warning("checkpoint save skipped (%s); training continues", exc)
             self.reports.health(self.store.accessible(timeout=5))
+
+    def _retry_budget(self) -> float:
+        """How long a save may retry a failing storage: `save_timeout_s` in the background; a synchronous
+        save holds training, so at most SYNC_RETRY_S."""
+        timeout = self.options.save_timeout_s
+        return timeout if self._writer is not None else min(timeout, SYNC_RETRY_S)
+
+    def _failing(self, exc: StorageUnavailableError) -> None:
+        """A save's first try failed (it retries): cp_accessible is false now, said at once."""
+        self.reports.health(AccessReport(False, None, str(exc)[:2000], exc.failure))
 
     def _write(
         self,
@@ -281,110 +306,95 @@ class NodeCheckpointer:
         metadata: dict[str, Any],
         metrics: dict[str, float],
     ) -> None:
+        assert self.attempt is not None, "register() numbers the attempt before any save"
         started = time.perf_counter()
-        tier, store = self._first_tier()
+        metadata |= {"metrics": metrics}
+        copy = self.store.key(self.job, self.node, position, self.attempt)
         with tracing.span("ckptstore.write", job=self.job, node=self.node, position=str(position)) as span:
-            try:
-                ref = self._save_to(store, position, arrays, step, metadata | {"metrics": metrics})
-            except StorageUnavailableError as exc:
-                if tier != "local":
-                    raise
-                log.warning("the local tier failed (%s): saving %s straight to the durable tier", exc, position)
-                tier, store = "durable", self.store
-                ref = self._save_to(store, position, arrays, step, metadata | {"metrics": metrics})
-            tracing.set_attributes(span, bytes=ref.bytes, tier=tier)
-        self.saved.append(position)
+            ref = None
+            if self.local_store is not None:
+                try:
+                    ref = self.local_store.write(copy.on("local"), arrays, step=step, metadata=metadata)
+                except StorageUnavailableError as exc:
+                    log.warning("the local tier failed (%s): saving %s straight to the durable tier", exc, position)
+            if ref is None:
+                flight = None if self._writer is None else self._writer.in_flight
+                ref = write_retrying(
+                    self.store,
+                    copy,
+                    arrays,
+                    step=step,
+                    metadata=metadata,
+                    timeout_s=self._retry_budget(),
+                    flight=flight,
+                    on_first_failure=self._failing,
+                )
+            tracing.set_attributes(span, bytes=ref.bytes, tier=ref.key.tier)
+        self.saves.committed += 1
+        flight = None if self._writer is None else self._writer.in_flight
+        if flight is not None and flight.abandoned:
+            self.saves.skipped -= 1  # counted skipped when a wait gave up on it; it committed after all
         self.reports.saved()
         self.reports.stats("save", time.perf_counter() - started, ref.bytes)
-        self.reports.commit(ref, tier, metrics)
-        if tier == "local" and self._replicator is not None:
-            self._replicator.submit(position, ref.attempt)
+        self.reports.commit(Commit(ref, metrics))
+        if ref.key.tier == "durable":
+            self._retain()
+        elif self._replicator is not None:
+            self._replicator.submit(ref.key)
 
-    def _first_tier(self) -> tuple[Tier, Store]:
-        return ("local", self.local_store) if self.local_store is not None else ("durable", self.store)
-
-    def _save_to(
-        self,
-        store: Store,
-        position: Position,
-        arrays: Mapping[str, np.ndarray],
-        step: int | None,
-        metadata: dict[str, Any],
-    ) -> CheckpointRef:
-        return store.save(
-            self.job,
-            self.node,
-            position.epoch,
-            arrays,
-            attempt=self.attempt,
-            batch=position.batch,
-            step=step,
-            metadata=metadata,
-        )
-
-    # -- replication ---------------------------------------------------------------------------
+    # -- replication and retention -------------------------------------------------------------
 
     def _replicated(self, ref: CheckpointRef) -> None:
-        metrics = ref.manifest.metadata.get("metrics", {})
-        self.reports.commit(ref, "durable", metrics if isinstance(metrics, dict) else {})
+        self.reports.commit(Commit.of(ref))
+        self._retain()
         self._prune_local_tier()
 
-    def _lost_locally(self, copy: LocalCopy, error: Exception) -> None:
+    def _retain(self) -> None:
+        if self._retention is not None:
+            self._retention.request()
+
+    def _lost_locally(self, copy: CopyKey, error: Exception) -> None:
         missing = isinstance(error, CheckpointNotFoundError) or getattr(error, "missing", False)
         state: MarkState = "missing" if missing else "corrupt"
-        self.reports.mark(
-            copy.position, state, attempt=copy.attempt, tier="local", reason=f"replication: {error}"[:1000]
-        )
+        self.reports.mark(copy, state, cause="replication", reason=f"replication: {error}")
 
     def _prune_local_tier(self) -> None:
         """Keep `local_max_to_keep` positions on the local tier; older copies go once they are durable."""
         assert self.local_store is not None
-        local = [i for i in self.local_store.list_checkpoints(self.job, self.node) if i.committed]
-        keep = set(sorted({i.position for i in local})[-self.options.local_max_to_keep :])
-        durable = {(i.position, i.attempt) for i in self.store.list_checkpoints(self.job, self.node) if i.committed}
-        for info in local:
-            if info.position not in keep and (info.position, info.attempt) in durable:
-                self.delete(info.position, attempt=info.attempt, reason="local tier retention", tier="local")
+        local = [i.key for i in self.local_store.list_checkpoints(self.job, self.node) if i.committed]
+        keep = set(sorted({k.position for k in local})[-self.options.local_max_to_keep :])
+        durable = {i.key for i in self.store.list_checkpoints(self.job, self.node) if i.committed}
+        for copy in local:
+            if copy.position not in keep and copy.on("durable") in durable:
+                self.delete(copy, cause="retention", reason="local tier retention")
 
-    def _fence(self) -> None:
-        self.fenced = True
+    def delete(self, copy: CopyKey, *, cause: MarkCause, reason: str) -> None:
+        """Delete a copy of this node, then mark it deleted — in the background, like every report: a
+        fit ending while the service is down does not wait."""
+        store = self.tiers.get(copy.tier)
+        assert store is not None, f"this process has no {copy.tier} tier"
+        delete_copy(store, copy)
+        self.reports.mark(copy, "deleted", cause=cause, reason=reason)
 
-    @property
-    def pending_commits(self) -> int:
-        return self.reports.pending_commits
-
-    # -- retention -----------------------------------------------------------------------------
-
-    def _apply_retention(self) -> None:
-        """Execute this node's part of the service's retention plan, on each tier it has."""
-        assert self.client is not None
-        for deletion in self.client.retention_plan(self.job).deletions:
-            if deletion.node == self.node and (deletion.tier == "durable" or self.local_store is not None):
-                position = Position(deletion.epoch, deletion.batch)
-                self.delete(
-                    position, attempt=deletion.attempt, reason=f"retention: {deletion.reason}", tier=deletion.tier
-                )
-
-    def delete(self, position: Position, *, attempt: str | None = None, reason: str, tier: Tier = "durable") -> None:
-        """Delete this node's copy at `position` on `tier` (one attempt, or all), then mark it deleted —
-        in the background, like every report: a fit ending while the service is down does not wait."""
-        store = self.local_store if tier == "local" else self.store
-        assert store is not None
-        delete_checkpoint(store, None, self.job, self.node, position, attempt=attempt, reason=reason, tier=tier)
-        self.reports.mark(position, "deleted", attempt=attempt, tier=tier, reason=reason)
-
-    def delete_all(self, *, reason: str) -> None:
-        """Delete every checkpoint of this node on every tier (Keras semantics when a fit finishes)."""
-        for tier, store in self.tiers.items():
+    def delete_all(self, *, cause: MarkCause, reason: str) -> None:
+        """Delete every copy of this node on every tier (Keras semantics when a fit finishes)."""
+        for store in self.tiers.values():
             for position in store.list_positions(self.job, self.node):
-                self.delete(position, reason=reason, tier=tier)
+                for copy in store.copies(self.job, self.node, position):
+                    self.delete(copy, cause=cause, reason=reason)
 
     def close(self) -> None:
+        """Wait for what is in flight, end the background threads, and — when saves were skipped — say
+        how many of the run's saves were committed (one line, on stderr)."""
         try:
+            self.wait_for_write(grace=RETRYING_GRACE_S)
             self.wait()
         finally:
-            if self._replicator is not None:
-                self._replicator.close()
-            self.reports.close()
+            summary = self.saves.summary()
+            if summary is not None:
+                print(f"ckptstore: {self.job}/{self.node}: {summary}", file=sys.stderr, flush=True)
+            for worker in (self._replicator, self._retention, self.reports):
+                if worker is not None:
+                    worker.close()
             if self.client is not None:
                 self.client.close()

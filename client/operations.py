@@ -12,13 +12,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from ckptstore import CheckpointRef, Position, Store, VerifyReport
-from ckptstore.errors import CheckpointNotFoundError, FencedError
+from ckptstore import CheckpointRef, CopyKey, Store, VerifyReport
+from ckptstore.errors import CheckpointNotFoundError, CorruptCheckpointError, FencedError
 from ckptstore.layout import parse_position_dirname
-from ckptstore.names import ATTEMPT_LIMIT, Tier, attempt_number, attempt_sort_key, validate_attempt, validate_name
+from ckptstore.names import ACCEPTED_ATTEMPT_LIMIT, Tier, attempt_number, attempt_sort_key, validate_name
 from ckptstore.retention import Candidate, RetentionPolicy, plan_deletions
 from ckptstore.schema import AttemptInfo, CheckpointRecord, CheckpointState, JobInfo, MarkState, PlannedDeletion
-from client.retention import delete_checkpoint
+from client.retention import delete_copy
 from client.service import ServiceClient
 from client.wire import Commit
 
@@ -99,27 +99,16 @@ def verify_job(
     root = info.storage_root if tier == "durable" else info.local_root
     if root is None:
         raise ValueError(f"job {job!r} has no local tier")
-    store = Store(root)
+    store = Store(root, tier=tier)
     checked = []
     for record in (r for r in records if r.tier == tier):
-        try:
-            report = store.verify(job, record.node, record.epoch, batch=record.batch, attempt=record.attempt)
-        except CheckpointNotFoundError:
-            report = VerifyReport(record.location, Position(record.epoch, record.batch), record.attempt, False)
+        report = store.verify_copy(record.key)
         progress(record.bytes)
         marked: MarkState | None = None
         if not report.ok:
             marked = "missing" if report.state == "missing" else "corrupt"
             detail = "; ".join(p.detail for p in report.problems) or "not on storage"
-            client.mark(
-                job,
-                record.node,
-                report.position,
-                marked,
-                attempt=record.attempt,
-                tier=tier,
-                reason=f"verify: {detail}"[:500],
-            )
+            client.mark(record.key, marked, cause="verify", reason=f"verify: {detail}"[:500])
         checked.append(Checked(record, report, marked))
     return checked
 
@@ -135,30 +124,31 @@ def apply_retention(
     info = client.get_job(job)
     store = Store(info.storage_root)
     now = time.time() if now is None else now
-    deletions = list(client.retention_plan(job).deletions)
-    planned = {(d.node, Position(d.epoch, d.batch), d.attempt) for d in deletions}
+    deletions = [d for d in client.retention_plan(job).deletions if d.tier == "durable"]
+    planned = {d.key(job) for d in deletions}
     policy = RetentionPolicy(grace_seconds=info.retention.grace_seconds)
     for node in info.nodes:
-        infos = {(i.position, i.attempt): i for i in store.list_checkpoints(job, node) if not i.foreign}
-        candidates = [
-            Candidate(node, i.position, i.attempt, committed=i.committed, modified=i.modified) for i in infos.values()
-        ]
+        infos = {i.key: i for i in store.list_checkpoints(job, node) if not i.foreign}
+        candidates = [Candidate(i.key, committed=i.committed, modified=i.modified) for i in infos.values()]
         for leftover in plan_deletions(candidates, good=(), policy=policy, now=now):
-            if (node, leftover.position, leftover.attempt) not in planned:
+            if leftover.key not in planned:
                 deletions.append(
                     PlannedDeletion(
                         node=node,
-                        epoch=leftover.position.epoch,
-                        batch=leftover.position.batch,
-                        attempt=leftover.attempt,
-                        location=infos[(leftover.position, leftover.attempt)].location,
+                        epoch=leftover.key.position.epoch,
+                        batch=leftover.key.position.batch,
+                        attempt=leftover.key.attempt,
+                        location=infos[leftover.key].location,
                         reason=leftover.reason,
                     )
                 )
     if not dry_run:
         for d in deletions:
-            position = Position(d.epoch, d.batch)
-            delete_checkpoint(store, client, job, d.node, position, attempt=d.attempt, reason=f"gc: {d.reason}")
+            delete_copy(store, d.key(job))
+            try:
+                client.mark(d.key(job), "deleted", cause="gc", reason=f"gc: {d.reason}")
+            except CheckpointNotFoundError:
+                pass  # a leftover only storage knew of
     return deletions
 
 
@@ -193,9 +183,12 @@ def reindex(client: ServiceClient, root: str, *, check: bool = False) -> list[Jo
     manifest carries), then raise each node's attempt counter to the highest attempt on storage in
     one request. With `check=True` nothing is written; the differences are returned. Records of
     checkpoints missing on storage are reported, never changed; attempt ids at or above
-    `ATTEMPT_LIMIT` (which no counter could follow: a planted `…/9999999999/`) are reported as refused.
+    `ACCEPTED_ATTEMPT_LIMIT` (numbers a counter must never be pushed to: a planted `…/999999999/`) are
+    reported as refused.
     """
     store = Store(root)
+    if not store.exists():
+        raise CheckpointNotFoundError(f"nothing at {store.url}: no storage root there (a typo in the path or bucket?)")
     results = []
     for job in store.list_jobs():
         nodes = store.list_nodes(job)
@@ -208,22 +201,18 @@ def reindex(client: ServiceClient, root: str, *, check: bool = False) -> list[Jo
         highest: dict[str, int] = {}
         for node in nodes:
             for found in store.list_checkpoints(job, node):
-                if attempt_number(found.attempt) >= ATTEMPT_LIMIT:
+                if attempt_number(found.key.attempt) >= ACCEPTED_ATTEMPT_LIMIT:
                     result.refused.append(found.location)
                     continue
-                highest[node] = max(highest.get(node, 0), attempt_number(found.attempt))
+                highest[node] = max(highest.get(node, 0), attempt_number(found.key.attempt))
                 if found.manifest is not None:
                     committed.append(CheckpointRef.of(found.location, found.manifest))
         # The root is the job's durable tier: copies on the nodes' local tiers are not its business.
         records = [] if info is None else [r for r in iter_records(client, job) if r.tier == "durable"]
-        known = {(r.node, Position(r.epoch, r.batch), r.attempt) for r in records}
-        on_storage = {(c.node, c.position, c.attempt) for c in committed}
-        result.missing_in_service = [c for c in committed if (c.node, c.position, c.attempt) not in known]
-        result.missing_on_storage = [
-            r
-            for r in records
-            if r.state == "committed" and (r.node, Position(r.epoch, r.batch), r.attempt) not in on_storage
-        ]
+        known = {r.key for r in records}
+        on_storage = {c.key for c in committed}
+        result.missing_in_service = [c for c in committed if c.key not in known]
+        result.missing_on_storage = [r for r in records if r.state == "committed" and r.key not in on_storage]
         counters = _attempt_counters(client, job, records) if info is not None else {}
         for node, top in highest.items():
             if counters.get(node, 0) < top:
@@ -249,8 +238,8 @@ def _apply(
 ) -> None:
     if info is None:
         client.put_job(job, nodes=nodes, storage_root=root)
-    refs = sorted(result.missing_in_service, key=lambda r: (attempt_sort_key(r.attempt), r.position, r.node))
-    answers = client.commit_many(job, [Commit(ref, metrics=_metrics_of(ref)) for ref in refs]) if refs else []
+    refs = sorted(result.missing_in_service, key=lambda r: (r.key.attempt_order, r.key.position, r.key.node))
+    answers = client.commit_many(job, [Commit.of(ref) for ref in refs]) if refs else []
     for ref, answer in zip(refs, answers, strict=True):
         if isinstance(answer, FencedError):
             # A newer attempt is registered: this older checkpoint cannot be recorded any more.
@@ -259,15 +248,10 @@ def _apply(
             raise answer
     for node, (_, top) in result.counters_behind.items():
         # Commits count as attempts seen: register one only if the counter is still below storage's.
-        posted = [attempt_number(r.attempt) for r in result.missing_in_service if r.node == node]
+        posted = [attempt_number(r.key.attempt) for r in result.missing_in_service if r.key.node == node]
         if max(posted, default=0) < top:
             client.start_attempt(job, node, at_least=top)
     result.applied = True
-
-
-def _metrics_of(ref: CheckpointRef) -> dict[str, float]:
-    metrics = ref.manifest.metadata.get("metrics", {}) if isinstance(ref.manifest.metadata, dict) else {}
-    return {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
 # -- copy --------------------------------------------------------------------------------------
@@ -275,23 +259,21 @@ def _metrics_of(ref: CheckpointRef) -> dict[str, float]:
 
 @dataclass(frozen=True)
 class Copied:
-    """One checkpoint copied (and verified) at its destination."""
+    """One checkpoint copied (and verified) at its destination — or, with `error`, not copied: its source
+    copy is corrupt or gone (`destination` None)."""
 
     source: str
-    destination: CheckpointRef
+    destination: CheckpointRef | None
+    error: str | None = None
 
 
-def split_location(uri: str) -> tuple[str, str, tuple[str, Position, str] | None]:
-    """`<root>/<job>/<node>/<position>/<attempt>` → (root, job, (node, position, attempt));
+def split_location(uri: str) -> tuple[str, str, CopyKey | None]:
+    """`<root>/<job>/<node>/<position>/<attempt>` → (root, job, the copy's key);
     `<root>/<job>` → (root, job, None)."""
     parts = uri.rstrip("/").rsplit("/", 4)
     if len(parts) == 5 and (position := parse_position_dirname(parts[3])) is not None:
         root, job, node, _, attempt = parts
-        return (
-            root,
-            validate_name(job, kind="job"),
-            (validate_name(node, kind="node"), position, validate_attempt(attempt)),
-        )
+        return root, validate_name(job, kind="job"), CopyKey(job, node, position, attempt)
     root, _, job = uri.rstrip("/").rpartition("/")
     if not root:
         raise ValueError(f"{uri!r} is neither <root>/<job> nor a checkpoint <root>/<job>/<node>/<position>/<attempt>")
@@ -301,7 +283,8 @@ def split_location(uri: str) -> tuple[str, str, tuple[str, Position, str] | None
 def copy(source: str, destination_root: str, *, progress: Progress = lambda n: None) -> list[Copied]:
     """Copy one checkpoint, or every committed checkpoint of a job, under another root (any backend).
 
-    Keys stay the same below the root; each copy is verified on arrival. Re-running is safe:
+    Keys stay the same below the root; each copy is verified on arrival. A copy whose source does not
+    verify is reported (`Copied.error`) and the others are copied still. Re-running is safe:
     identical copies are skipped.
     """
     root, job, one = split_location(source)
@@ -310,16 +293,17 @@ def copy(source: str, destination_root: str, *, progress: Progress = lambda n: N
         wanted = [one]
     else:
         wanted = [
-            (node, found.position, found.attempt)
-            for node in src.list_nodes(job)
-            for found in src.list_checkpoints(job, node)
-            if found.committed
+            found.key for node in src.list_nodes(job) for found in src.list_checkpoints(job, node) if found.committed
         ]
         if not wanted:
             raise CheckpointNotFoundError(f"no committed checkpoint of job {job!r} under {src.url}")
     copied = []
-    for node, position, attempt in wanted:
-        ref = dst.copy_from(src, job, node, position.epoch, batch=position.batch, attempt=attempt)
+    for key in wanted:
+        try:
+            ref = dst.copy_from(src, key)
+        except (CorruptCheckpointError, CheckpointNotFoundError) as exc:
+            copied.append(Copied(src.location(key), None, str(exc)))
+            continue
         progress(ref.bytes)
-        copied.append(Copied(src.location(job, node, position.epoch, batch=position.batch, attempt=attempt), ref))
+        copied.append(Copied(src.location(key), ref))
     return copied

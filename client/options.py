@@ -29,6 +29,7 @@ __all__ = [
 ]
 
 OnError = Literal["warn", "raise"]
+_NONE_IS_A_VALUE = frozenset({"max_to_keep"})
 
 
 def service_url_from_env() -> str | None:
@@ -62,6 +63,11 @@ def check_service_url(url: str) -> str:
         raise ValueError(f"invalid service URL {url!r}: {exc}") from None
     if parsed.scheme not in ("http", "https") or not parsed.host:
         raise ValueError(f"invalid service URL {url!r}: expected http://host:port or https://host")
+    if parsed.path not in ("", "/") or parsed.query or parsed.fragment:
+        raise ValueError(
+            f"invalid service URL {url!r}: give the service's root (http://host:port), without a path such as "
+            f"{parsed.path!r}: ckptstore adds /v1/… itself"
+        )
     return url
 
 
@@ -87,6 +93,12 @@ class CheckpointOptions:
         `node-0` … `node-{N-1}`, the names RANK gives). Default: WORLD_SIZE when the node name comes
         from RANK, else just this node.
     strict: restore refuses a checkpoint that does not fit every variable (False: what fits).
+    fresh_start: when intact copies of the job exist but none qualifies to resume from, train from
+        scratch instead of raising ResumeRefusedError (default CKPTSTORE_FRESH_START; a position that
+        qualifies is still resumed).
+    save_timeout_s: how long one save may retry a storage that fails now before it is given up
+        (skipped and counted); meanwhile later saves are skipped, never waited for. A synchronous
+        save (async_save=False) holds training, so it retries 10 s at most.
     preemption_budget_s: how long a SIGTERM may take to checkpoint before the process exits.
     restore_timeout_s: how long a restore waits for every node of the job to verify the same position.
     """
@@ -104,6 +116,8 @@ class CheckpointOptions:
     max_to_keep: int | None = 5
     nodes: int | list[str] | None = None
     strict: bool = True
+    fresh_start: bool = False
+    save_timeout_s: float = 120.0
     preemption_budget_s: float = 30.0
     restore_timeout_s: float = 600.0
 
@@ -114,12 +128,14 @@ class CheckpointOptions:
         unknown = sorted(set(options) - names)
         if unknown:
             raise TypeError(f"unexpected option(s): {', '.join(unknown)}; known: {', '.join(sorted(names))}")
-        given = {name: value for name, value in options.items() if value is not None}
+        # None means "not given", but for max_to_keep, where it means "keep all".
+        given = {name: value for name, value in options.items() if value is not None or name in _NONE_IS_A_VALUE}
         given.setdefault("job", os.environ.get("CKPTSTORE_JOB") or default_job)
         given.setdefault("storage", os.environ.get("CKPTSTORE_STORAGE"))
         given.setdefault("local_storage", os.environ.get("CKPTSTORE_LOCAL_STORAGE") or None)
         given.setdefault("service", service_url_from_env())
         given.setdefault("token", os.environ.get("CKPTSTORE_TOKEN") or None)
+        given.setdefault("fresh_start", os.environ.get("CKPTSTORE_FRESH_START", "").lower() in ("1", "true", "yes"))
         if not given["job"]:
             raise ValueError("no job: pass job= or set CKPTSTORE_JOB")
         if not given["storage"]:
@@ -157,8 +173,8 @@ class CheckpointOptions:
             isinstance(self.max_to_keep, bool) or not isinstance(self.max_to_keep, int) or self.max_to_keep < 1
         ):
             raise ValueError(f"max_to_keep must be a positive integer or None, got {self.max_to_keep!r}")
-        if self.preemption_budget_s < 0 or self.restore_timeout_s < 0:
-            raise ValueError("preemption_budget_s and restore_timeout_s must not be negative")
+        if self.preemption_budget_s < 0 or self.restore_timeout_s < 0 or self.save_timeout_s < 0:
+            raise ValueError("preemption_budget_s, restore_timeout_s and save_timeout_s must not be negative")
         if isinstance(self.local_max_to_keep, bool) or not isinstance(self.local_max_to_keep, int):
             raise ValueError(f"local_max_to_keep must be a positive integer, got {self.local_max_to_keep!r}")
         if self.local_max_to_keep < 1:

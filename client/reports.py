@@ -1,10 +1,10 @@
 """Reports to the service, sent in the background: training never waits for the service.
 
-Commit records, marks, timings, cp_accessible reports and the retention step after a durable commit
-all go through one queue, in order, on one thread; an outage keeps them and retries with backoff
-(client/background.py). Commits that piled up (with the retention steps between them) are re-posted
-in one batch request, the retention step run once after them. Health is reported when a save fails, and after successful saves — at once
-after a failure, else at most every HEALTH_EVERY_S — so the service can tell ok, failing and stale.
+Commit records, marks, timings and cp_accessible reports go through one queue, in order, on one
+thread; an outage keeps them and retries with backoff (client/background.py). Commits that piled
+up are re-posted in one batch request. Health is reported when a save fails, and after successful
+saves — at once after a failure, else at most every HEALTH_EVERY_S — so the service can tell ok,
+failing and stale. The queue calls nobody back: a `fenced` answer is kept here for the node to read.
 """
 
 from __future__ import annotations
@@ -14,10 +14,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ckptstore import AccessReport, CheckpointRef, Position, tracing
+from ckptstore import AccessReport, CopyKey, tracing
 from ckptstore.errors import CheckpointNotFoundError, FencedError, ServiceUnavailableError
-from ckptstore.names import Tier
-from ckptstore.schema import MarkState, StatsAction
+from ckptstore.schema import MarkCause, MarkState, StatsAction
 from client.background import RetryingQueue
 from client.service import ServiceClient
 from client.wire import Commit
@@ -32,35 +31,24 @@ HEALTH_EVERY_S = 60.0
 class _Report:
     """One call to the service."""
 
-    kind: str  # "commit", "mark", "stats", "health" or "retention"
-    send: Callable[[], object]  # how it is sent alone (commits and retention steps go by `_send_run`)
+    kind: str  # "commit", "mark", "stats" or "health"
+    send: Callable[[], object]  # how it is sent alone (commits go by `_send_commits`)
     commit: Commit | None = None  # what a "commit" records
-
-
-_BATCHED = frozenset({"commit", "retention"})
 
 
 class Reports:
     """One node's queue of reports to `client` (None: no service; every report is dropped)."""
 
-    def __init__(
-        self,
-        client: ServiceClient | None,
-        job: str,
-        node: str,
-        *,
-        on_fenced: Callable[[], None],
-        retention: Callable[[], None],
-    ):
+    def __init__(self, client: ServiceClient | None, job: str, node: str):
         self.client, self.job, self.node = client, job, node
-        self._on_fenced, self._retention = on_fenced, retention
+        self.fenced: FencedError | None = None  # the service said a newer attempt of this node started
         self._queue: RetryingQueue[_Report] = RetryingQueue(
             "ckptstore-reports",
             lambda r: r.send(),
             transient=(ServiceUnavailableError,),
             on_dropped=self._dropped,
-            handle_run=self._send_run,
-            joins=lambda r: r.kind in _BATCHED,
+            handle_run=self._send_commits,
+            joins=lambda r: r.kind == "commit",
         )
         self._health_failing, self._health_reported = False, -HEALTH_EVERY_S
 
@@ -69,34 +57,20 @@ class Reports:
         if client is not None:
             self._queue.put(_Report(kind, lambda: send(client), commit))
 
-    def commit(self, ref: CheckpointRef, tier: Tier, metrics: dict[str, float]) -> None:
-        """Record a copy; after a durable one, run this node's part of the retention plan."""
-        self._put("commit", lambda c: None, Commit(ref, tier, metrics))
-        if tier == "durable":
-            self._put("retention", lambda c: None)
+    def commit(self, commit: Commit) -> None:
+        """Record a copy (`commit.ref.key` names it, its tier included)."""
+        self._put("commit", lambda c: None, commit)
 
-    def _send_run(self, run: list[_Report]) -> list[Exception | None]:
-        """Commits and retention steps in a row: the commits in one batch, then one retention step."""
+    def _send_commits(self, run: list[_Report]) -> list[Exception | None]:
+        """Commits in a row, in one batch request: each one's own refusal, or None."""
         assert self.client is not None  # nothing is queued without a client
         commits = [r.commit for r in run if r.commit is not None]
         with tracing.span("ckptstore.commit", job=self.job, node=self.node, commits=len(commits)):
-            answers = iter(self.client.commit_many(self.job, commits) if commits else [])
-        failures: list[Exception | None] = [
-            _failure(next(answers)) if report.commit is not None else None for report in run
-        ]
-        if any(report.kind == "retention" for report in run):
-            try:
-                self._retention()
-            except ServiceUnavailableError:
-                raise
-            except Exception as exc:
-                failures = [exc if r.kind == "retention" else f for r, f in zip(run, failures, strict=True)]
-        return failures
+            answers = self.client.commit_many(self.job, commits)
+        return [answer if isinstance(answer, Exception) else None for answer in answers]
 
-    def mark(self, position: Position, state: MarkState, *, attempt: str | None, tier: Tier, reason: str) -> None:
-        self._put(
-            "mark", lambda c: c.mark(self.job, self.node, position, state, attempt=attempt, tier=tier, reason=reason)
-        )
+    def mark(self, copy: CopyKey, state: MarkState, *, cause: MarkCause, reason: str) -> None:
+        self._put("mark", lambda c: c.mark(copy, state, cause=cause, reason=reason))
 
     def stats(self, action: StatsAction, seconds: float, nbytes: int) -> None:
         self._put("stats", lambda c: c.report_stats(self.job, self.node, action, seconds, nbytes=nbytes))
@@ -116,21 +90,17 @@ class Reports:
     def pending_commits(self) -> int:
         return sum(report.kind == "commit" for report in self._queue.snapshot())
 
-    def drain(self) -> bool:
-        """Until every report is sent (True), or the service failed a try made since (False)."""
-        return self._queue.drain()
+    def drain(self, timeout: float | None = None) -> bool:
+        """Until every report is sent (True), or the service failed a try made since, or `timeout` passed (False)."""
+        return self._queue.drain(timeout)
 
     def close(self) -> None:
         self._queue.close()
 
     def _dropped(self, report: _Report, error: Exception) -> None:
         if isinstance(error, FencedError):
-            self._on_fenced()
+            self.fenced = error
         elif isinstance(error, CheckpointNotFoundError) and report.kind == "mark":
             log.debug("nothing recorded to mark: %s", error)  # a leftover the service never knew
         else:
             log.warning("the service refused a %s report: %s", report.kind, error)
-
-
-def _failure(answer: object) -> Exception | None:
-    return answer if isinstance(answer, Exception) else None

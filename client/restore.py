@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from ckptstore import Position, Store
-from ckptstore.copies import Copy, NoIntactCopyError, Restored, Skipped, read_nearest_intact
+from ckptstore.copies import NoIntactCopyError, Restored, Skipped, read_nearest_intact
 from ckptstore.errors import (
     CheckpointNotFoundError,
     CkptStoreError,
@@ -106,31 +106,21 @@ class Restorer:
         self.skipped.extend(skipped)
         for passed in skipped:
             log.warning("restore skipped %s", passed)
-            self._mark_one(client, position, passed.state, passed.copy.attempt, passed.copy.tier, passed.reason)
+            self._mark_one(client, passed)
         if not whole_part:
             return
-        tried = {(s.copy.tier, s.copy.attempt) for s in skipped}
+        tried = {s.copy for s in skipped}
         for record in client.list_checkpoints(self.job, node=self.node, epoch=position.epoch, state="committed"):
-            if record.batch == position.batch and (record.tier, record.attempt) not in tried:
-                copy = Copy(record.tier, self.node, position, record.attempt, record.location)
-                gone = Skipped(copy, "missing", "recorded, but not on storage")
+            if record.key.position == position and record.key not in tried:
+                gone = Skipped(record.key, "missing", "recorded, but not on storage")
                 self.skipped.append(gone)
                 log.warning("restore skipped %s", gone)
-                self._mark_one(client, position, gone.state, record.attempt, record.tier, gone.reason)
+                self._mark_one(client, gone)
 
-    def _mark_one(
-        self, client: ServiceClient, position: Position, state: str, attempt: str, tier: Tier, reason: str
-    ) -> None:
+    @staticmethod
+    def _mark_one(client: ServiceClient, skipped: Skipped) -> None:
         try:
-            client.mark(
-                self.job,
-                self.node,
-                position,
-                "missing" if state == "missing" else "corrupt",
-                attempt=attempt,
-                tier=tier,
-                reason=f"restore: {reason}"[:1000],
-            )
+            client.mark(skipped.copy, skipped.state, cause="restore", reason=f"restore: {skipped.reason}")
         except CheckpointNotFoundError:
             pass  # a copy the service never recorded (a leftover on storage)
 

@@ -19,11 +19,12 @@ import httpx
 from pydantic import BaseModel
 
 from ckptstore import tracing
+from ckptstore.copykey import CopyKey
 from ckptstore.errors import (
     ServiceUnavailableError,
 )
 from ckptstore.events import Event
-from ckptstore.names import Tier, attempt_number, validate_attempt, validate_name
+from ckptstore.names import attempt_number, validate_attempt, validate_name
 from ckptstore.position import Position
 from ckptstore.report import AccessReport, CheckpointRef
 from ckptstore.schema import (
@@ -37,9 +38,9 @@ from ckptstore.schema import (
     JobInfo,
     JobSpec,
     LastGood,
+    MarkCause,
     MarkRequest,
     MarkState,
-    NodeCommit,
     NodeHealth,
     PositionBody,
     ResumeAgreement,
@@ -131,7 +132,13 @@ class ServiceClient:
     ) -> Iterator[Event]:
         """The service's events (of `job`, of some `types`) from `after` (None: from now on), as they
         happen; reconnects on its own from the last event seen (client/events.py)."""
-        return follow(self, None if job is None else validate_name(job, kind="job"), after=after, types=types)
+        return follow(
+            self.stream,
+            self.next_url,
+            None if job is None else validate_name(job, kind="job"),
+            after=after,
+            types=types,
+        )
 
     def _request(self, method: str, path: str, *, body: BaseModel | None = None, **kwargs: Any) -> httpx.Response:
         """One request, retried on connection errors and 5xx; `body` is sent as the model's JSON.
@@ -165,6 +172,10 @@ class ServiceClient:
     ) -> T:
         """`_request`, with the answer's JSON parsed by `parse`."""
         return parse(self._request(method, path, body=body, **kwargs).json())
+
+    def ping(self) -> None:
+        """Whether the service answers (`GET /healthz`, open to every caller): ServiceUnavailableError if not."""
+        self._request("GET", "/healthz")
 
     # -- jobs and attempts ---------------------------------------------------------------------
 
@@ -242,23 +253,20 @@ class ServiceClient:
 
     # -- checkpoints ---------------------------------------------------------------------------
 
-    def commit(
-        self, ref: CheckpointRef, *, metrics: dict[str, float] | None = None, tier: Tier = "durable"
-    ) -> CheckpointRecord:
-        """Record a copy the core committed (idempotent: a re-post of the same commit is fine)."""
-        return self._call(
-            "POST",
-            self._node_path(ref.job, ref.node) + "/checkpoints",
-            body=commit_request(Commit(ref, tier, metrics or {})),
-            parse=CheckpointRecord.model_validate,
-        )
+    def commit(self, ref: CheckpointRef, *, metrics: dict[str, float] | None = None) -> CheckpointRecord:
+        """Record a copy the core committed (idempotent: a re-post of the same commit is fine); raises
+        the typed error of a refusal. Sent as a batch of one: the route every commit of this client takes."""
+        (answer,) = self.commit_many(ref.key.job, [Commit(ref, metrics or {})])
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
 
     def commit_many(self, job: str, commits: Sequence[Commit]) -> list[CheckpointRecord | Exception]:
         """Record several copies of `job` in order, in as few requests as the limits allow: for each, its record
         or the typed error it got alone (FencedError, CommitConflictError, ...). Raises only when the
         service could record nothing (ServiceUnavailableError)."""
         answers: list[CheckpointRecord | Exception] = []
-        for chunk in batches([NodeCommit(node=c.ref.node, **commit_request(c).model_dump()) for c in commits]):
+        for chunk in batches([commit_request(c) for c in commits]):
             outcomes = self._call(
                 "POST",
                 self._job_path(job) + "/checkpoints/batch",
@@ -291,23 +299,22 @@ class ServiceClient:
         )
 
     def mark(
-        self,
-        job: str,
-        node: str,
-        position: Position,
-        state: MarkState,
-        *,
-        attempt: str | None = None,
-        tier: Tier | None = None,
-        reason: str | None = None,
+        self, copy: CopyKey, state: MarkState, *, cause: MarkCause, reason: str | None = None, every_tier: bool = False
     ) -> list[CheckpointRecord]:
-        """Mark a node's copy (newest attempt by default; every tier unless `tier`) corrupt, missing or deleted."""
+        """Mark a copy (with `every_tier`, its attempt's copies on every tier) corrupt, missing or deleted;
+        `cause` says which part of ckptstore found it so (it decides the event type)."""
         body = MarkRequest(
-            epoch=position.epoch, batch=position.batch, state=state, attempt=attempt, tier=tier, reason=reason
+            epoch=copy.position.epoch,
+            batch=copy.position.batch,
+            attempt=copy.attempt,
+            tier=None if every_tier else copy.tier,
+            state=state,
+            cause=cause,
+            reason=None if reason is None else reason[:1000],
         )
         return self._call(
             "POST",
-            self._node_path(job, node) + "/checkpoints/mark",
+            self._node_path(copy.job, copy.node) + "/checkpoints/mark",
             body=body,
             parse=lambda rows: [CheckpointRecord.model_validate(r) for r in rows],
         )

@@ -3,7 +3,9 @@ bodies, and commits split into batch requests the service accepts."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import logging
+import math
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 import httpx
@@ -15,13 +17,24 @@ from ckptstore.errors import (
     RequestRejectedError,
     ServiceUnavailableError,
 )
-from ckptstore.names import Tier
 from ckptstore.report import CheckpointRef
-from ckptstore.schema import COMMIT_BATCH_LIMIT, CheckpointRecord, CommitOutcome, CommitRequest, NodeCommit
+from ckptstore.schema import COMMIT_BATCH_LIMIT, CheckpointRecord, CommitOutcome, NodeCommit
 
-__all__ = ["Commit", "raise_for", "error_for", "commit_request", "batches", "answer", "BATCH_BYTES"]
+__all__ = ["recordable", "Commit", "raise_for", "error_for", "commit_request", "batches", "answer", "BATCH_BYTES"]
 
+log = logging.getLogger("ckptstore.client")
 BATCH_BYTES = 256 * 1024
+
+
+def recordable(metrics: Mapping[str, float]) -> dict[str, float]:
+    """The metrics that can be recorded: JSON has no NaN or infinity, so those are left out, said once each."""
+    kept = {}
+    for name, value in metrics.items():
+        if math.isfinite(value):
+            kept[name] = float(value)
+        else:
+            log.warning("metric %r is %s: not recorded (JSON has no such number); the checkpoint is saved", name, value)
+    return kept
 
 
 def raise_for(response: httpx.Response) -> None:
@@ -51,25 +64,33 @@ def error_for(status: int, code: str, detail: str) -> Exception:
 
 @dataclass(frozen=True)
 class Commit:
-    """A copy to record: the core's reference, its tier and the metrics to keep with it."""
+    """A copy to record (`ref.key` names it, tier included) and the metrics to keep with it."""
 
     ref: CheckpointRef
-    tier: Tier = "durable"
     metrics: dict[str, float] = field(default_factory=dict)
 
+    @classmethod
+    def of(cls, ref: CheckpointRef) -> Commit:
+        """The commit of a copy found on storage, with the metrics its manifest carries."""
+        metrics = ref.manifest.metadata.get("metrics", {})
+        numbers = metrics.items() if isinstance(metrics, dict) else ()
+        return cls(ref, {k: float(v) for k, v in numbers if isinstance(v, (int, float)) and not isinstance(v, bool)})
 
-def commit_request(commit: Commit) -> CommitRequest:
+
+def commit_request(commit: Commit) -> NodeCommit:
+    """The wire body of one commit (its node named, as the batch route takes it)."""
     ref = commit.ref
-    return CommitRequest(
-        epoch=ref.position.epoch,
-        batch=ref.position.batch,
-        attempt=ref.attempt,
+    return NodeCommit(
+        node=ref.key.node,
+        epoch=ref.key.position.epoch,
+        batch=ref.key.position.batch,
+        attempt=ref.key.attempt,
         step=ref.manifest.step,
         location=ref.location,
         bytes=ref.bytes,
         checksums=ref.checksums,
         metrics=commit.metrics,
-        tier=commit.tier,
+        tier=ref.key.tier,
     )
 
 

@@ -1,1 +1,3 @@
 """ckptstore metadata service (FastAPI + SQLAlchemy): see docs/rest.md."""
+
+__all__: list[str] = []

@@ -16,7 +16,15 @@ from ckptstore.position import Position
 from server.last_good import expected_nodes
 from server.models import Checkpoint, Job, PositionRow, batch_key
 
-__all__ = ["AGGREGATE_NODES", "PositionCounts", "Laggard", "position_counts", "laggards", "SHOWN_NODES"]
+__all__ = [
+    "newest_epochs_by_node",
+    "AGGREGATE_NODES",
+    "PositionCounts",
+    "Laggard",
+    "position_counts",
+    "laggards",
+    "SHOWN_NODES",
+]
 
 AGGREGATE_NODES = 64
 SHOWN_NODES = 20  # nodes named per list; the rest are counted

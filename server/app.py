@@ -107,7 +107,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             window_seconds=settings.events_window_seconds,
         )
         await hub.start()
-        dispatcher = WebhookDispatcher(db, settings)
+        dispatcher = app.state.webhooks = WebhookDispatcher(db, settings)
 
         def new_events(newest: int) -> None:
             hub.wake(newest)

@@ -27,9 +27,10 @@ from sqlalchemy.orm import Session
 from server import held
 from server.db import Database
 from server.errors import ApiError
-from server.last_good import run_deferred_judgments
+from server.last_good import defer_judgments, run_deferred_judgments
 from server.records import lock_jobs
 from server.restarts import read_attempt_numbers
+from server.transaction import state_of
 
 __all__ = ["WriteBatcher", "MAX_BATCH"]
 
@@ -123,11 +124,12 @@ class WriteBatcher:
         a refusal rolls back only its own write."""
         outcomes: list[tuple[Future[Any], Any, BaseException | None]] = []
         with self.db.write() as session:
-            session.info["deferred_judgments"] = {}
+            state = state_of(session)
+            defer_judgments(session)
             lock_jobs(session, sorted({job for job, _ in ordered}))
             if not savepoints:
                 held.start_holding(session)
-                locked = session.info["locked_jobs"]
+                locked = state.locked_jobs
                 wanted = [
                     (locked[job], *item.attempts_of) for job, item in ordered if item.attempts_of and job in locked
                 ]
@@ -141,16 +143,15 @@ class WriteBatcher:
                     except (ApiError, IntegrityError) as exc:
                         raise _Refused from exc
                     continue
-                emitted = len(session.info.setdefault("events", []))
+                emitted = len(state.events)
                 try:
                     with session.begin_nested():
                         outcomes.append((future, write(session), None))
                 except (ApiError, IntegrityError) as exc:
-                    del session.info["events"][emitted:]  # what the refused write emitted never happened
+                    del state.events[emitted:]  # what the refused write emitted never happened
                     # Row locks taken in the rolled-back savepoint are released: lock again later;
                     # what it read or bumped may have been its own rolled-back writes: again.
-                    for cache in ("locked_jobs", "node_sets", "bumped_jobs", "position_rows", "fresh_positions"):
-                        session.info.pop(cache, None)
+                    state.forget_reads()
                     outcomes.append((future, None, exc))
             held.flush(session)
             run_deferred_judgments(session)

@@ -15,6 +15,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from server.events import write_pending
+from server.transaction import state_of
 
 __all__ = ["make_engine", "Database", "SQLITE_PRAGMAS", "CHANNEL", "EVENTS_CHANNEL"]
 
@@ -117,7 +118,7 @@ class Database:
                 yield session
                 newest_event = write_pending(session, postgres=not self.is_sqlite)
                 if not self.is_sqlite:
-                    self._notify(session, session.info.pop("changed_jobs", {}), newest_event)
+                    self._notify(session, state_of(session).changed_jobs, newest_event)
             if newest_event is not None and self.on_events is not None:
                 self.on_events(newest_event)
 

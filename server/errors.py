@@ -1,5 +1,6 @@
 """API errors: every failure leaves the service as JSON `{"error": code, "detail": text}`, built
-from the wire schema's `ErrorBody` by `error_body` — the one place error bodies are made."""
+from the wire schema's `ErrorBody` by `error_model` — the one place error bodies are made (and
+refusals counted); `error_body` is its JSON."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from starlette.types import Send
 from ckptstore.schema import ErrorBody
 from server.metrics import METRICS
 
-__all__ = ["ApiError", "STATUS_CODES", "COMMON_ERRORS", "error_responses", "error_body", "send_error"]
+__all__ = ["ApiError", "STATUS_CODES", "COMMON_ERRORS", "error_responses", "error_model", "error_body", "send_error"]
 
 STATUS_CODES = {
     400: "invalid",
@@ -20,6 +21,7 @@ STATUS_CODES = {
     405: "invalid",
     409: "conflict",
     413: "too_large",
+    429: "too_many",
     415: "invalid",
     422: "invalid",
     503: "unavailable",
@@ -45,10 +47,15 @@ class ApiError(Exception):
         return cls(422, "invalid", detail)
 
 
-def error_body(code: str, detail: str) -> bytes:
-    """The JSON body of a refusal with one of the error codes of docs/rest.md; counted in the metrics."""
+def error_model(code: str, detail: str) -> ErrorBody:
+    """The body of a refusal with one of the error codes of docs/rest.md; counted in the metrics."""
     METRICS.refused.labels(code).inc()
-    return ErrorBody.model_validate({"error": code, "detail": detail}).model_dump_json(exclude_none=True).encode()
+    return ErrorBody.model_validate({"error": code, "detail": detail})
+
+
+def error_body(code: str, detail: str) -> bytes:
+    """`error_model`'s JSON: what a refused request gets."""
+    return error_model(code, detail).model_dump_json(exclude_none=True).encode()
 
 
 async def send_error(send: Send, status: int, code: str, detail: str, headers: dict[str, str] | None = None) -> None:

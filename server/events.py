@@ -19,8 +19,18 @@ from ckptstore.events import Event, EventType
 from ckptstore.position import Position
 from ckptstore.schema import PositionBody
 from server.models import EventRow, batch_key, position_of
+from server.transaction import state_of
 
-__all__ = ["emit", "write_pending", "events_after", "oldest_event_id", "newest_event_id", "prune", "EVENTS_LOCK"]
+__all__ = [
+    "emit",
+    "write_pending",
+    "events_after",
+    "oldest_event_id",
+    "newest_event_id",
+    "out_of_window",
+    "prune",
+    "EVENTS_LOCK",
+]
 
 EVENTS_LOCK = 0x636B7074  # pg_advisory_xact_lock key ("ckpt")
 
@@ -35,7 +45,7 @@ def emit(
     **data: Any,
 ) -> None:
     """Record that `type` happened, when (and only if) this transaction commits."""
-    session.info.setdefault("events", []).append(
+    state_of(session).events.append(
         {
             "time": time.time(),
             "type": type,
@@ -51,7 +61,8 @@ def emit(
 def write_pending(session: Session, *, postgres: bool) -> int | None:
     """Insert the transaction's events (in commit order across processes, in one executemany); the
     newest id, or None. Under the lock no other transaction inserts events, so the newest is ours."""
-    rows: list[dict[str, Any]] = session.info.pop("events", [])
+    state = state_of(session)
+    rows, state.events = state.events, []
     if not rows:
         return None
     if postgres:
@@ -92,10 +103,21 @@ def newest_event_id(session: Session) -> int:
     return session.scalar(select(func.max(EventRow.id))) or 0
 
 
-def prune(session: Session, *, keep_seconds: float, keep_rows: int, now: float) -> int:
-    """Drop events older than the window (time and rows); how many were dropped."""
+def out_of_window(
+    session: Session, *, keep_seconds: float, keep_rows: int, now: float, keep_after: int | None, most_rows: int
+) -> int:
+    """The highest event id that leaves the log now (0: none): events older than the window (time and
+    rows) — but those after `keep_after` (what a reader has not been given yet) stay, as long as the
+    log then holds at most `most_rows` events."""
     newest = newest_event_id(session)
-    result = session.execute(
-        delete(EventRow).where((EventRow.time < now - keep_seconds) | (EventRow.id <= newest - keep_rows))
-    )
+    by_time = session.scalar(select(func.max(EventRow.id)).where(EventRow.time < now - keep_seconds)) or 0
+    through = max(newest - keep_rows, by_time, 0)
+    if keep_after is not None:
+        through = min(through, max(keep_after, newest - most_rows))
+    return through
+
+
+def prune(session: Session, through: int) -> int:
+    """Drop the events up to id `through` (`out_of_window`); how many were dropped."""
+    result = session.execute(delete(EventRow).where(EventRow.id <= through))
     return int(result.rowcount or 0)  # type: ignore[attr-defined]

@@ -6,9 +6,10 @@ Both sit innermost (auth, body limit, trusted hosts and metrics still wrap them)
   job version is unchanged, it answers with the cached bytes; anything else — a miss, a bad name,
   other parameters, a database error — goes to the FastAPI route, which computes the answer and
   fills the cache (or answers the error).
-- `WriteFastPath`: a well-formed `POST …/nodes/{node}/checkpoints` or `…/attempts` runs the route's
-  own write (`routes.checkpoints.recording`, `routes.attempts.registration`) in the group commit;
-  a refusal is answered by the app's own exception handlers. Anything it does not understand — a
+- `WriteFastPath`: a well-formed `POST …/checkpoints/batch` (the Python client's only commit route),
+  `…/nodes/{node}/checkpoints` or `…/attempts` runs the same entry point as its route
+  (`server.writes`) in the group commit; a refusal is answered by the app's own exception handlers;
+  `ckptstore_fast_path_total` counts what it answered. Anything it does not understand — a
   bad name, a body that does not validate, another content type, a bad Idempotency-Key — goes to
   the route with the body replayed, which answers it as always. Routing, dependency resolution
   and response re-validation were half of a commit's time on the event loop.
@@ -19,28 +20,31 @@ from __future__ import annotations
 import re
 from collections.abc import Awaitable, Callable
 
-from pydantic import BaseModel, ValidationError
+from pydantic import TypeAdapter, ValidationError
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ckptstore.errors import InvalidNameError
 from ckptstore.names import validate_name
-from ckptstore.schema import AttemptRequest, CommitRequest
+from ckptstore.schema import AttemptRequest, CommitBatch, CommitOutcome, CommitRequest, NodeCommit
 from server.batching import WriteBatcher
 from server.metrics import METRICS
-from server.routes.attempts import IDEMPOTENCY_KEY, registration
-from server.routes.checkpoints import commit_status, recording
+from server.writes import IDEMPOTENCY_KEY, commit_status, outcome, record_commits, register_attempt
 
-__all__ = ["LastGoodFastPath", "WriteFastPath", "LAST_GOOD_ROUTE"]
+__all__ = ["LastGoodFastPath", "WriteFastPath", "LAST_GOOD_ROUTE", "COMMIT_ROUTE", "BATCH_ROUTE", "ATTEMPT_ROUTE"]
 
 LAST_GOOD_ROUTE = "/v1/jobs/{job}/last-good-epoch"
 _PATH = re.compile(r"/v1/jobs/([^/]+)/last-good-epoch\Z")
 _QUERY = re.compile(rb"(?:max_epoch=([0-9]{1,10}))?\Z")
 _HEADERS = [(b"content-type", b"application/json")]
-_WRITE = re.compile(r"/v1/jobs/([^/]+)/nodes/([^/]+)/(checkpoints|attempts)\Z")
+_WRITE = re.compile(r"/v1/jobs/([^/]+)/(?:nodes/([^/]+)/(checkpoints|attempts)|checkpoints/(batch))\Z")
+COMMIT_ROUTE = "/v1/jobs/{job}/nodes/{node}/checkpoints"
+BATCH_ROUTE = "/v1/jobs/{job}/checkpoints/batch"
+ATTEMPT_ROUTE = "/v1/jobs/{job}/nodes/{node}/attempts"
 _KEY = re.compile(IDEMPOTENCY_KEY)
 _JSON_TYPES = (b"application/json", b"application/json; charset=utf-8")  # others: the route (server.origin)
-_Answer = tuple[int, BaseModel]
+_OUTCOMES = TypeAdapter(list[CommitOutcome])
+_Answer = tuple[int, bytes]  # status, JSON body
 
 
 class LastGoodFastPath:
@@ -86,7 +90,8 @@ class LastGoodFastPath:
 
 
 class WriteFastPath:
-    """Well-formed commits and attempt registrations, recorded without routing (module docstring)."""
+    """Well-formed commits (single and batch) and attempt registrations, recorded without routing
+    (module docstring)."""
 
     def __init__(self, app: ASGIApp):
         self.app = app
@@ -107,11 +112,11 @@ class WriteFastPath:
         route, run = write
         scope["ckptstore_route"] = route
         try:
-            status, answer = await run(scope["app"].state.writes)
+            status, payload = await run(scope["app"].state.writes)
         except Exception as exc:
             await _answer_error(scope, receive, send, exc)
             return
-        payload = answer.model_dump_json().encode()
+        METRICS.fast_path.labels(route).inc()
         await send(
             {
                 "type": "http.response.start",
@@ -126,33 +131,41 @@ def _parse_write(
     match: re.Match[str], body: bytes, headers: dict[bytes, bytes]
 ) -> tuple[str, Callable[[WriteBatcher], Awaitable[_Answer]]] | None:
     """The route template and the write of a well-formed request; None for the route to answer."""
-    job, node, kind = match.groups()
+    job, node, kind, batch = match.groups()
     try:
-        job, node = validate_name(job, kind="job"), validate_name(node, kind="node")
+        job = validate_name(job, kind="job")
+        if batch is not None:
+            commits = CommitBatch.model_validate_json(body).commits
+            return BATCH_ROUTE, lambda writes: _record_batch(writes, job, commits)
+        node = validate_name(node, kind="node")
         if kind == "checkpoints":
             commit = CommitRequest.model_validate_json(body)
-        else:
-            attempt = AttemptRequest.model_validate_json(body) if body else None
+            return COMMIT_ROUTE, lambda writes: _record_one(writes, job, node, commit)
+        attempt = AttemptRequest.model_validate_json(body) if body else None
     except (InvalidNameError, ValidationError):
         return None
-    if kind == "checkpoints":
-
-        async def record(writes: WriteBatcher) -> _Answer:
-            record, created = await writes.run(job, recording(job, node, commit), defers_inserts=True)
-            return commit_status(created), record
-
-        return "/v1/jobs/{job}/nodes/{node}/checkpoints", record
     key = headers.get(b"idempotency-key")
     key_text = None if key is None else key.decode("latin-1")
     if key_text is not None and _KEY.match(key_text) is None:
         return None
 
     async def register(writes: WriteBatcher) -> _Answer:
-        return 201, await writes.run(
-            job, registration(job, node, attempt, key_text), defers_inserts=True, attempts_of=(node, key_text)
-        )
+        return 201, (await register_attempt(writes, job, node, attempt, key_text)).model_dump_json().encode()
 
-    return "/v1/jobs/{job}/nodes/{node}/attempts", register
+    return ATTEMPT_ROUTE, register
+
+
+async def _record_one(writes: WriteBatcher, job: str, node: str, commit: CommitRequest) -> _Answer:
+    (answer,) = await record_commits(writes, job, [(node, commit)])
+    if isinstance(answer, BaseException):
+        raise answer  # answered by the app's own handler for it
+    record, created = answer
+    return commit_status(created), record.model_dump_json().encode()
+
+
+async def _record_batch(writes: WriteBatcher, job: str, commits: list[NodeCommit]) -> _Answer:
+    answers = await record_commits(writes, job, [(commit.node, commit) for commit in commits])
+    return 200, _OUTCOMES.dump_json([outcome(answer) for answer in answers])
 
 
 async def _read_body(receive: Receive) -> bytes | None:

@@ -13,15 +13,12 @@ database are read once for the whole batch, at its start (`server.restarts.read_
 
 from __future__ import annotations
 
-from collections import defaultdict
-from dataclasses import dataclass, field
-
 from sqlalchemy.orm import Session, make_transient_to_detached
 
 from server.models import Attempt, Base, Checkpoint, Job, PositionRow, insert_rows
+from server.transaction import Held, HeldCopy, PositionKey, state_of
 
 __all__ = [
-    "Held",
     "held_rows",
     "hold",
     "flush",
@@ -35,33 +32,15 @@ __all__ = [
     "fresh_nodes",
 ]
 
-_KEY = "held_rows"
-CopyKey = tuple[int, str, int, int, str]  # job id, node, epoch, batch key, attempt
-
-
-@dataclass
-class Held:
-    """What a batch's hot writes added and have not inserted yet."""
-
-    rows: dict[type[Base], list[Base]] = field(default_factory=lambda: defaultdict(list))
-    newest_attempt: dict[tuple[int, str], int] = field(default_factory=dict)
-    newest_committed: dict[tuple[int, str], int] = field(default_factory=dict)
-    keyed_attempts: dict[tuple[int, str, str], Attempt] = field(default_factory=dict)
-    copies: dict[CopyKey, list[Checkpoint]] = field(default_factory=lambda: defaultdict(list))
-    # Read for the batch's registrations at its start (server.restarts.read_attempt_numbers); a flush
-    # starts a new Held, so they are never read beside rows inserted since.
-    stored_numbers: dict[tuple[int, str], tuple[int | None, int | None]] = field(default_factory=dict)
-    stored_keys: dict[tuple[int, str, str], int | None] = field(default_factory=dict)
-
 
 def start_holding(session: Session) -> None:
     """From now on, `hold` keeps rows for `flush` (the batch's transaction, without savepoints)."""
-    session.info[_KEY] = Held()
+    state_of(session).held = Held()
 
 
 def held_rows(session: Session) -> Held | None:
     """What is held in this transaction, or None where rows are inserted at once."""
-    return session.info.get(_KEY)
+    return state_of(session).held
 
 
 def hold(session: Session, row: Base) -> None:
@@ -89,8 +68,8 @@ def hold_position(session: Session, job: Job, epoch: int, key: int, *, known: bo
     by the unit of work) and joins the session as already persistent: the judge, which runs after
     the flush, reads and updates it without loading it back. For a
     position this transaction created, every copy is one it recorded: the nodes are counted here."""
-    kept: dict[tuple[int, int, int], PositionRow] = session.info.setdefault("position_rows", {})
-    fresh: dict[tuple[int, int, int], set[str]] = session.info.setdefault("fresh_positions", {})
+    state = state_of(session)
+    kept, fresh = state.position_rows, state.fresh_positions
     where = (job.id, epoch, key)
     if where not in kept:
         row = session.get(PositionRow, where) if known else None
@@ -107,10 +86,10 @@ def hold_position(session: Session, job: Job, epoch: int, key: int, *, known: bo
         fresh[where].add(node)
 
 
-def fresh_nodes(session: Session, where: tuple[int, int, int]) -> set[str] | None:
+def fresh_nodes(session: Session, where: PositionKey) -> set[str] | None:
     """The nodes that committed a position (job id, epoch, batch key) this transaction created — all
     of its copies; None for a position that existed before."""
-    return session.info.get("fresh_positions", {}).get(where)
+    return state_of(session).fresh_positions.get(where)
 
 
 def flush(session: Session) -> None:
@@ -151,7 +130,7 @@ def newest_committed(session: Session, job_id: int, node: str, stored: int | Non
     return stored if held is None else max(stored or 0, held.newest_committed.get((job_id, node), 0)) or None
 
 
-def copies_of(session: Session, key: CopyKey) -> list[Checkpoint]:
+def copies_of(session: Session, key: HeldCopy) -> list[Checkpoint]:
     """The held copies of an attempt at a position."""
     held = held_rows(session)
     return [] if held is None else held.copies.get(key, [])

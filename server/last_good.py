@@ -20,17 +20,20 @@ from sqlalchemy.orm import Session
 
 from ckptstore.names import attempt_sort_key
 from ckptstore.position import Position
-from ckptstore.schema import CopyInfo, LastGood, NodeLocation, NotGood, PositionBody
+from ckptstore.schema import DELETED_ON_PURPOSE, CopyInfo, LastGood, NodeLocation, NotGood, PositionBody
 from server import held, queries
 from server.events import emit
 from server.models import END_OF_EPOCH, Checkpoint, Job, NodeSet, PositionRow, batch_key
+from server.transaction import state_of
 
 __all__ = [
+    "is_expected",
     "Part",
     "expected_nodes",
     "parts_at",
     "parts",
     "judge_position",
+    "defer_judgments",
     "run_deferred_judgments",
     "read_node_sets",
     "bump",
@@ -62,6 +65,11 @@ class Part:
         """committed when intact, else the most telling state of its copies: corrupt, missing, deleted."""
         states = {c.state for c in self.copies}
         return next(s for s in ("committed", "corrupt", "missing", "deleted") if s in states)
+
+    @property
+    def deleted_on_purpose(self) -> bool:
+        """Every copy deleted by retention, gc or a finished fit (not by hand, not lost)."""
+        return all(c.state == "deleted" and c.cause in DELETED_ON_PURPOSE for c in self.copies)
 
     @property
     def location(self) -> str:
@@ -100,7 +108,7 @@ def read_node_sets(session: Session, jobs: list[Job]) -> None:
 
 
 def _node_sets(session: Session) -> dict[tuple[int, int], tuple[list[str], frozenset[str]]]:
-    return session.info.setdefault("node_sets", {})
+    return state_of(session).node_sets
 
 
 def _hold_node_set(session: Session, node_set: NodeSet) -> tuple[list[str], frozenset[str]]:
@@ -113,11 +121,11 @@ def bump(session: Session, job: Job) -> None:
     """The job's records changed: a new version (cached answers keyed by the old one go stale), and a
     note for the transaction's commit to tell the other service processes (server/db.py). Once per
     transaction is enough: nobody sees its states in between (a group commit's writes share one)."""
-    bumped: set[str] = session.info.setdefault("bumped_jobs", set())
-    if job.name not in bumped:
+    state = state_of(session)
+    if job.name not in state.bumped_jobs:
         job.version += 1
-        bumped.add(job.name)
-    session.info.setdefault("changed_jobs", {})[job.name] = job
+        state.bumped_jobs.add(job.name)
+    state.changed_jobs[job.name] = job
 
 
 def parts_at(session: Session, job: Job, positions: list[Position]) -> dict[Position, dict[str, Part]]:
@@ -146,16 +154,22 @@ def judge_position(session: Session, job: Job, position: Position) -> None:
     """Re-decide whether `position` is good and durable; refresh the job's cached answers if it changed.
     Inside a group commit (server/batching.py) the judgment waits for the end of the batch, once per
     position however many writes touched it."""
-    deferred = session.info.get("deferred_judgments")
+    deferred = state_of(session).deferred_judgments
     if deferred is not None:
         deferred[(job.id, position)] = job
         return
     _judge(session, job, position)
 
 
+def defer_judgments(session: Session) -> None:
+    """From now on, `judge_position` waits for `run_deferred_judgments` (a group commit's end)."""
+    state_of(session).deferred_judgments = {}
+
+
 def run_deferred_judgments(session: Session) -> None:
     """Judge every position the batch's writes touched (once each), then stop deferring."""
-    deferred = session.info.pop("deferred_judgments", {})
+    state = state_of(session)
+    deferred, state.deferred_judgments = state.deferred_judgments or {}, None
     for (_, position), job in deferred.items():
         _judge(session, job, position)
 
@@ -254,7 +268,8 @@ def last_good(session: Session, job: Job, *, max_epoch: int | None = None) -> La
 
 
 def _not_good(session: Session, job: Job, *, above: Position | None, max_epoch: int | None) -> list[NotGood]:
-    """The newest positions above `above` that are not good, and which nodes' parts are missing, corrupt or deleted."""
+    """The newest positions above `above` that are not good, and which nodes' parts are missing, corrupt or
+    deleted (positions every part of which was deleted are left out: nothing went wrong there)."""
     newer = select(PositionRow).where(PositionRow.job_id == job.id, PositionRow.good.is_(False))
     if above is not None:
         newer = newer.where(tuple_(PositionRow.epoch, PositionRow.batch_key) > (above.epoch, batch_key(above.batch)))
@@ -269,6 +284,8 @@ def _not_good(session: Session, job: Job, *, above: Position | None, max_epoch: 
         at = parts_by_position[row.position]
         expected = expected_nodes(session, job, row.nodes_version)
         states = {n: at[n].state if n in at else "missing" for n in expected}
+        if all(n in at and at[n].deleted_on_purpose for n in expected):
+            continue  # deleted by retention, gc or a finished fit: nothing went wrong there
         not_good.append(
             NotGood(
                 epoch=row.epoch,

@@ -32,6 +32,9 @@ from ckptstore.names import attempt_sort_key
 from ckptstore.position import POSITION_LIMIT, Position
 
 __all__ = [
+    "batch_key",
+    "batch_of",
+    "position_of",
     "Base",
     "Job",
     "NodeSet",
@@ -131,6 +134,9 @@ class Attempt(Base):
     resumed_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     # the Idempotency-Key of the request that registered it: a retry of that request gets this attempt
     request_key: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    audit: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)  # its resume audit (schema.ResumeAudit)
+    # what the registration asked (where it resumed, at_least): a retry with the same key must ask the same
+    request_body: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
     @property
     def resumed_from(self) -> Position | None:
@@ -161,6 +167,7 @@ class Checkpoint(Base):
     metrics: Mapped[dict[str, float]] = mapped_column(JSON)
     state: Mapped[str] = mapped_column(String(16), default="committed")
     reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    cause: Mapped[str | None] = mapped_column(String(16), nullable=True)  # who marked it (schema.MarkCause)
     created_at: Mapped[float] = mapped_column(Float)
 
     @property

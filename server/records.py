@@ -13,11 +13,13 @@ from typing import Any
 from sqlalchemy import Row, delete, func, select
 from sqlalchemy.orm import Session
 
+from ckptstore.copykey import CopyKey
 from ckptstore.layout import checkpoint_location, normalize_root
-from ckptstore.names import ATTEMPT_LIMIT, attempt_sort_key
+from ckptstore.names import ACCEPTED_ATTEMPT_LIMIT, attempt_sort_key
 from ckptstore.position import Position
 from ckptstore.retention import Candidate, plan_deletions
 from ckptstore.schema import (
+    RETENTION_CAUSES,
     CheckpointRecord,
     CommitRequest,
     JobInfo,
@@ -34,8 +36,9 @@ from server.events import emit
 from server.last_good import bump, expected_nodes, is_expected, judge_position, read_node_sets
 from server.models import Checkpoint, Job, NodeSet, PositionRow, batch_key, batch_of
 from server.paging import Page
-from server.replication_events import RETENTION_REASONS, replication_events
+from server.replication_events import replication_events
 from server.settings import is_local_path, root_is_allowed
+from server.transaction import state_of
 
 __all__ = [
     "find_job",
@@ -62,7 +65,7 @@ def find_job(session: Session, name: str) -> Job:
 def lock_job(session: Session, name: str) -> Job:
     """The job row, locked for the rest of the transaction (SQLite: the whole DB is already locked);
     locked once per transaction however many writes of a group commit need it."""
-    locked: dict[str, Job] = session.info.setdefault("locked_jobs", {})
+    locked = state_of(session).locked_jobs
     job = locked.get(name)
     if job is None:
         job = session.scalar(queries.LOCK_JOB, {"name": name})
@@ -75,9 +78,8 @@ def lock_job(session: Session, name: str) -> Job:
 def lock_jobs(session: Session, names: list[str]) -> None:
     """Lock the jobs of a group commit's writes in one statement, in name order (the order one-by-one
     locking takes), and read their node sets: `lock_job` and the node checks then find them held."""
-    locked: dict[str, Job] = session.info.setdefault("locked_jobs", {})
     jobs = list(session.scalars(queries.LOCK_JOBS, {"names": names}))
-    locked.update((job.name, job) for job in jobs)
+    state_of(session).locked_jobs.update((job.name, job) for job in jobs)
     read_node_sets(session, jobs)
 
 
@@ -160,27 +162,35 @@ def _switch_node_set(session: Session, job: Job, nodes: list[str]) -> None:
 
 def require_node(session: Session, job: Job, node: str) -> None:
     if not is_expected(session, job, node):
-        raise ApiError.invalid(f"node {node!r} is not one of job {job.name!r}'s expected nodes")
+        nodes = expected_nodes(session, job)
+        shown = ", ".join(nodes[:8]) + (f", … ({len(nodes)} nodes)" if len(nodes) > 8 else "")
+        raise ApiError.invalid(
+            f"node {node!r} is not one of job {job.name!r}'s expected nodes [{shown}]: name each process after one "
+            "of them (a count N declares node-0 … node-N-1, the names RANK=i gives), or declare the job's nodes again"
+        )
+
+
+_RECORDED = (
+    "node",
+    "epoch",
+    "attempt",
+    "step",
+    "location",
+    "bytes",
+    "checksums",
+    "metrics",
+    "tier",
+    "state",
+    "reason",
+    "cause",
+)
+_COMMITTED = ("tier", "step", "location", "bytes", "checksums", "metrics")  # a commit's fields a record keeps as sent
 
 
 def _record(job: Job, row: Checkpoint | Row[Any]) -> CheckpointRecord:
     """The answer for a record: a loaded row, or a plain one of `queries.COPIES_AND_NEWEST`."""
-    return CheckpointRecord(
-        job=job.name,
-        node=row.node,
-        epoch=row.epoch,
-        batch=batch_of(row.batch_key),
-        attempt=row.attempt,
-        step=row.step,
-        location=row.location,
-        bytes=row.bytes,
-        checksums=row.checksums,
-        metrics=row.metrics,
-        tier=row.tier,
-        state=row.state,
-        reason=row.reason,
-        created_at=row.created_at,
-    )
+    shown = {name: getattr(row, name) for name in _RECORDED}
+    return CheckpointRecord(job=job.name, batch=batch_of(row.batch_key), created_at=row.created_at, **shown)
 
 
 def commit_checkpoint(session: Session, job: Job, node: str, body: CommitRequest) -> tuple[CheckpointRecord, bool]:
@@ -195,9 +205,10 @@ def commit_checkpoint(session: Session, job: Job, node: str, body: CommitRequest
     if body.location != expected:
         raise ApiError.invalid(f"location must be {expected!r}, the key built from root, job, node, position, attempt")
     number, suffix = attempt_sort_key(attempt)
-    if number >= ATTEMPT_LIMIT:
+    if number >= ACCEPTED_ATTEMPT_LIMIT:
         raise ApiError.invalid(
-            f"attempt {attempt}: attempt numbers stop below {ATTEMPT_LIMIT}, so that the counter can always go on"
+            f"attempt {attempt}: attempts from outside are accepted below {ACCEPTED_ATTEMPT_LIMIT}, so that the "
+            "node's counter can always go on"
         )
     key = batch_key(position.batch)
     found = (
@@ -240,14 +251,9 @@ def commit_checkpoint(session: Session, job: Job, node: str, body: CommitRequest
         attempt=attempt,
         attempt_number=number,
         attempt_suffix=suffix,
-        tier=body.tier,
-        step=body.step,
-        location=body.location,
-        bytes=body.bytes,
-        checksums=body.checksums,
-        metrics=body.metrics,
         state="committed",
         created_at=time.time(),
+        **{name: getattr(body, name) for name in _COMMITTED},
     )
     held.hold(session, row)
     held.hold_position(session, job, position.epoch, key, known=found[0].position_known, node=node)
@@ -260,10 +266,7 @@ def commit_checkpoint(session: Session, job: Job, node: str, body: CommitRequest
         node=node,
         position=position,
         attempt=attempt,
-        tier=body.tier,
-        location=body.location,
-        bytes=body.bytes,
-        step=body.step,
+        **{name: getattr(body, name) for name in ("tier", "location", "bytes", "step")},
     )
     replication_events(session, job, node, position, attempt, body.tier)
     return _record(job, row), True
@@ -291,12 +294,11 @@ def mark_checkpoint(session: Session, job: Job, node: str, body: MarkRequest) ->
     if not rows:
         raise ApiError.not_found(f"no checkpoint of {node} at {position} in job {job.name!r}")
     for row in rows:
-        row.state = body.state
-        row.reason = body.reason
+        row.state, row.reason, row.cause = body.state, body.reason, body.cause
     session.flush()
     judge_position(session, job, position)
     bump(session, job)
-    deleted_by_retention = body.state == "deleted" and (body.reason or "").startswith(RETENTION_REASONS)
+    deleted_by_retention = body.state == "deleted" and body.cause in RETENTION_CAUSES
     emit(
         session,
         "retention.deleted" if deleted_by_retention else "copy.marked",
@@ -306,6 +308,7 @@ def mark_checkpoint(session: Session, job: Job, node: str, body: MarkRequest) ->
         attempt=attempt,
         state=body.state,
         tiers=sorted(r.tier for r in rows),
+        cause=body.cause,
         reason=body.reason,
     )
     return [_record(job, r) for r in rows]
@@ -340,34 +343,32 @@ def retention_plan(session: Session, job: Job, *, now: float) -> RetentionPlan:
         r.position
         for r in session.scalars(select(PositionRow).where(PositionRow.job_id == job.id, PositionRow.good.is_(True)))
     }
-    copies: dict[tuple[str, Position, str], list[Checkpoint]] = {}
+    copies: dict[CopyKey, list[Checkpoint]] = {}  # an attempt's copies on every tier, by its durable key
     for r in rows:
-        copies.setdefault((r.node, r.position, r.attempt), []).append(r)
+        copies.setdefault(CopyKey(job.name, r.node, r.position, r.attempt), []).append(r)
     # One candidate per attempt: committed when a copy on any tier is; corrupt and missing copies
     # count as not committed: they go with their position, or after the grace period.
     candidates = [
         Candidate(
-            node=node,
-            position=position,
-            attempt=attempt,
+            key=key,
             committed=any(r.state == "committed" for r in found),
             modified=min(r.created_at for r in found),
             metric=found[0].metrics.get(policy.best_metric) if policy.best_metric else None,
         )
-        for (node, position, attempt), found in copies.items()
+        for key, found in copies.items()
     ]
     deletions = [
         PlannedDeletion(
-            node=d.node,
-            epoch=d.position.epoch,
-            batch=d.position.batch,
-            attempt=d.attempt,
+            node=d.key.node,
+            epoch=d.key.position.epoch,
+            batch=d.key.position.batch,
+            attempt=d.key.attempt,
             tier=r.tier,
             location=r.location,
             reason=d.reason,
         )
         for d in plan_deletions(candidates, good=good, policy=policy, now=now)
-        for r in copies[(d.node, d.position, d.attempt)]
+        for r in copies[d.key]
     ]
     return RetentionPlan(
         job=job.name,
@@ -380,5 +381,6 @@ def retention_plan(session: Session, job: Job, *, now: float) -> RetentionPlan:
 def delete_job(session: Session, job: Job) -> None:
     session.execute(delete(Job).where(Job.id == job.id))
     emit(session, "job.deleted", job.name)
-    session.info.pop("locked_jobs", None)
-    session.info.setdefault("changed_jobs", {})[job.name] = None  # other processes forget its answers
+    state = state_of(session)
+    state.locked_jobs.pop(job.name, None)
+    state.changed_jobs[job.name] = None  # other processes forget its answers

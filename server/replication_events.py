@@ -13,10 +13,9 @@ from server import held
 from server.events import emit
 from server.models import Checkpoint, Job, batch_key
 
-__all__ = ["replication_events", "LAGGING_COPIES", "RETENTION_REASONS"]
+__all__ = ["replication_events", "LAGGING_COPIES"]
 
 LAGGING_COPIES = 2
-RETENTION_REASONS = ("retention", "local tier retention", "gc:")  # mark reasons of deletions by retention
 
 
 def replication_events(session: Session, job: Job, node: str, position: Position, attempt: str, tier: Tier) -> None:

@@ -23,7 +23,7 @@ from server import held, queries
 from server.errors import ApiError
 from server.events import emit
 from server.last_good import expected_nodes
-from server.models import Attempt, Checkpoint, Job, batch_key
+from server.models import Attempt, Checkpoint, Job, PositionRow, batch_key
 from server.paging import Page
 from server.records import require_node
 
@@ -58,12 +58,18 @@ def start_attempt(
     registered, committed, answered = numbers
     registered = held.newest_attempt(session, job.id, node, registered)
     committed = held.newest_committed(session, job.id, node, committed)
+    asked = _asked(resumed_from, at_least)
     if request_key is not None:
         again = held.keyed_attempt(session, job.id, node, request_key)
         if again is None and answered is not None:
             again = session.get(Attempt, (job.id, node, answered))
             assert again is not None, "the attempt the key named was read in this transaction"
         if again is not None:
+            if again.request_body not in (None, asked):
+                raise ApiError.invalid(
+                    f"Idempotency-Key {request_key!r} was used for attempt {again.number} with another body: a retry "
+                    "sends the same body; a new start sends a new key"
+                )
             return again
     now = time.time()
     if max(registered or 0, committed or 0) + 1 >= ATTEMPT_LIMIT:
@@ -75,6 +81,7 @@ def start_attempt(
         skipped=[],
         started_at=now,
         request_key=request_key,
+        request_body=asked,
     )
     _set_resumed(attempt, resumed_from, now)
     held.hold(session, attempt)
@@ -82,6 +89,12 @@ def start_attempt(
     if registered:
         emit(session, "node.fenced", job.name, node=node, attempt=str(registered), by=str(attempt.number))
     return attempt
+
+
+def _asked(resumed_from: Position | None, at_least: int | None) -> str:
+    """What a registration asked, in a few characters: where it resumed from and `at_least`."""
+    where = "-" if resumed_from is None else f"{resumed_from.epoch}.{resumed_from.batch}"
+    return f"{where}|{at_least or '-'}"
 
 
 def read_attempt_numbers(session: Session, registrations: list[tuple[Job, str, str | None]]) -> None:
@@ -191,5 +204,8 @@ def resume_agreement(session: Session, job: Job) -> ResumeAgreement:
             and attempt.resumed_at >= (born or 0.0)
         )
 
-    waiting = [node for node in expected_nodes(session, job) if not agreed(node)]
+    # The nodes the position was judged with: a node set changed since applies to later positions only.
+    row = session.get(PositionRow, (job.id, resume.epoch, batch_key(resume.batch)))
+    nodes = expected_nodes(session, job, None if row is None else row.nodes_version)
+    waiting = [node for node in nodes if not agreed(node)]
     return ResumeAgreement(job=job.name, resume=PositionBody.of(resume), agreed=not waiting, waiting=waiting)

@@ -91,6 +91,11 @@ class Settings(BaseSettings):
     answer_cache_size: int = Field(default=16384, ge=0, description="last-good answers cached per worker")
     events_keep_seconds: float = Field(default=7 * 24 * 3600, gt=0, description="how long events stay in the log")
     events_keep_rows: int = Field(default=1_000_000, ge=1000, description="at most this many newest events are kept")
+    events_keep_undelivered_rows: int = Field(
+        default=10_000_000,
+        ge=1000,
+        description="events a webhook has not been given stay past the window, up to this many in the log",
+    )
     events_heartbeat_seconds: float = Field(
         default=15.0, gt=0, le=300, description="an idle event stream sends a heartbeat this often"
     )
@@ -99,6 +104,14 @@ class Settings(BaseSettings):
         gt=0,
         le=1,
         description="under a stream of commits, event streams are sent to at most this often (latency for service CPU)",
+    )
+    events_max_streams: int = Field(
+        default=1000, ge=1, description="event streams one service process serves at once (more: 503)"
+    )
+    events_max_streams_per_caller: int = Field(
+        default=100,
+        ge=1,
+        description="event streams one caller (a job's token, else a client address) may hold open (more: 429)",
     )
     events_poll_seconds: float = Field(
         default=0.5, gt=0, le=60, description="how often each process looks for events other processes wrote"
@@ -109,7 +122,9 @@ class Settings(BaseSettings):
     webhook_retry_seconds: float = Field(
         default=24 * 3600, gt=0, description="how long a webhook delivery is retried before it is given up"
     )
-    webhook_timeout_seconds: float = Field(default=10.0, gt=0, le=120, description="timeout of one webhook POST")
+    webhook_timeout_seconds: float = Field(
+        default=10.0, gt=0, le=120, description="total deadline of one webhook POST (its answer's body is never read)"
+    )
     webhook_poll_seconds: float = Field(
         default=0.5, gt=0, le=60, description="how often a process looks for webhook deliveries due"
     )

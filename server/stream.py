@@ -35,7 +35,16 @@ from ckptstore.events import Event
 from server.db import Database
 from server.events import events_after, newest_event_id, oldest_event_id
 
-__all__ = ["EventHub", "Subscription", "Batch", "sse_frame", "deflate_segment", "GZIP_HEADER", "HEARTBEAT"]
+__all__ = [
+    "EventHub",
+    "Subscription",
+    "Batch",
+    "restart_after",
+    "sse_frame",
+    "deflate_segment",
+    "GZIP_HEADER",
+    "HEARTBEAT",
+]
 
 log = logging.getLogger("ckptstore.server")
 T = TypeVar("T")
@@ -60,6 +69,17 @@ def sse_frame(event: Event, *, named: bool = True, data: str | None = None) -> b
     and `data` (the event as JSON: `data` when the caller encoded it already)."""
     name = f"event: {event.type}\n" if named else ""
     return f"id: {event.id}\n{name}data: {data or event.model_dump_json()}\n\n".encode()
+
+
+def restart_after(after: int, oldest: int | None, newest: int) -> int | None:
+    """Where a reader asking for events after `after` must go on from instead, or None when it can go on:
+    the events it asks for left the log (it goes on before the oldest left), or the id lies beyond the
+    newest event (a restored database, a reindex: waiting for it would be silence forever)."""
+    if oldest is not None and after + 1 < oldest:
+        return oldest - 1
+    if after > newest:
+        return (oldest or newest + 1) - 1
+    return None
 
 
 def reset_frame(after: int, oldest: int) -> bytes:
@@ -163,6 +183,7 @@ class Subscription:
 
     job: str | None
     types: frozenset[str] | None
+    holder: str = ""  # whose stream it is (a job's token, or a client address): streams are capped per holder
     queue: asyncio.Queue[Batch | bytes] = field(default_factory=lambda: asyncio.Queue(QUEUE_LIMIT))
     overflowed: bool = False
     sent: bool = False  # since the hub's last heartbeat
@@ -198,6 +219,17 @@ class EventHub:
         self._wake: asyncio.Event | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
+    def refusal(self, holder: str, *, most: int, most_per_holder: int) -> tuple[int, str] | None:
+        """(status, why) when another stream would be one too many — in all (503), or for `holder` (429)."""
+        if len(self.subscribers) >= most:
+            return 503, f"this service process serves {most} event streams already (CKPTSTORE_EVENTS_MAX_STREAMS)"
+        if sum(s.holder == holder for s in self.subscribers) >= most_per_holder:
+            return 429, (
+                f"this caller has {most_per_holder} event streams open already "
+                "(CKPTSTORE_EVENTS_MAX_STREAMS_PER_CALLER): close one, or reuse it with a job filter"
+            )
+        return None
+
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
@@ -225,9 +257,10 @@ class EventHub:
         with self.db.read() as session:
             return events_after(session, after, job=job, types=types, limit=READ_LIMIT)
 
-    def _oldest(self) -> int | None:
+    def _bounds(self) -> tuple[int | None, int]:
+        """The oldest event id in the log (None: it is empty) and the newest ever written."""
         with self.db.read() as session:
-            return oldest_event_id(session)
+            return oldest_event_id(session), newest_event_id(session)
 
     async def _run(self) -> None:
         assert self._wake is not None
@@ -260,21 +293,28 @@ class EventHub:
                 subscriber.beat()
 
     async def events(
-        self, after: int, *, job: str | None, types: frozenset[str] | None, named: bool = True, gzip: bool = False
+        self,
+        after: int,
+        *,
+        job: str | None,
+        types: frozenset[str] | None,
+        named: bool = True,
+        gzip: bool = False,
+        holder: str = "",
     ) -> AsyncIterator[bytes]:
         """SSE frames: a `reset` if events after `after` left the log, the backlog, then live events
         and heartbeats, until the client goes away; with `gzip`, the body of a gzip-encoded response."""
         encode = deflate_segment if gzip else bytes
-        subscription = Subscription(job, types)
+        subscription = Subscription(job, types, holder)
         self.subscribers.add(subscription)
         try:
             if gzip:
                 yield GZIP_HEADER
             last = after
-            oldest = await asyncio.to_thread(self._oldest)
-            if oldest is not None and last + 1 < oldest:
-                yield encode(reset_frame(last, oldest))
-                last = oldest - 1
+            restart = restart_after(last, *await asyncio.to_thread(self._bounds))
+            if restart is not None:
+                yield encode(reset_frame(last, restart + 1))
+                last = restart
             while True:
                 async for page in self._backlog(last, job, types):
                     last = page[-1].id
@@ -311,10 +351,13 @@ class EventHub:
     async def page(
         self, after: int, *, job: str | None, types: frozenset[str] | None, limit: int
     ) -> tuple[list[Event], int | None]:
-        """Events after `after` (at most `limit`) for polling clients, and the oldest id in the log."""
+        """Events for polling clients: those after `after` (at most `limit`), and where to go on from
+        when `after` cannot be (`restart_after`; then the events are those after it)."""
 
         def read() -> tuple[list[Event], int | None]:
             with self.db.read() as session:
-                return events_after(session, after, job=job, types=types, limit=limit), oldest_event_id(session)
+                restart = restart_after(after, oldest_event_id(session), newest_event_id(session))
+                start = after if restart is None else restart
+                return events_after(session, start, job=job, types=types, limit=limit), restart
 
         return await asyncio.to_thread(read)

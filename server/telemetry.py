@@ -97,16 +97,7 @@ def replication_lag(session: Session, job: Job, *, now: float) -> dict[str, Repl
 
 
 def add_stat(session: Session, job: Job, body: StatsReport) -> None:
-    session.add(
-        Stat(
-            job_id=job.id,
-            node=body.node,
-            action=body.action,
-            seconds=body.seconds,
-            bytes=body.bytes,
-            created_at=time.time(),
-        )
-    )
+    session.add(Stat(job_id=job.id, created_at=time.time(), **body.model_dump()))
 
 
 def _percentile(ordered: list[float], fraction: float) -> float:

@@ -42,7 +42,7 @@ from server.deps import DbDep, HubDep, JobName, SettingsDep
 from server.records import find_job
 from server.routes.events import event_filter, stream_response
 
-__all__ = ["router", "login_page"]
+__all__ = ["not_your_job_page", "router", "login_page"]
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REFRESH_SECONDS = 5

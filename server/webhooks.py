@@ -5,41 +5,66 @@ after `webhook_retry_seconds`); the event after it is retried with exponential b
 delivered, so deliveries stay in order and a service restart resumes where the last one stopped.
 One service process at a time delivers a given webhook: it holds a lease row that it renews while
 working and releases on shutdown (another process takes over once a dead one's lease runs out).
-The same thread trims the event log to its window.
+
+Webhooks never wait for each other: each leased webhook's next delivery runs on a pool thread (one
+in flight per webhook, so its order holds), and each POST has a total deadline
+(`webhook_timeout_seconds`) whatever the receiver does — a receiver that trickles its answer is cut
+off at it, and no answer's body is ever read. The dispatcher's own thread hands out deliveries
+and trims the event log: events a webhook has not been given yet stay (up to
+`events_keep_undelivered_rows`); past that bound they go, and each one a webhook wanted is recorded
+as a `failed` delivery saying why.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
 import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
 from urllib.parse import urlsplit
 
 import httpx
-from sqlalchemy import delete, or_, select, update
+from sqlalchemy import delete, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from ckptstore.events import Event, sign
 from server.db import Database
 from server.errors import ApiError
-from server.events import events_after, prune
+from server.events import events_after, out_of_window, prune
 from server.models import Delivery, Webhook
 from server.settings import Settings
 
 __all__ = ["WebhookDispatcher", "check_webhook_url", "LEASE_SECONDS", "backoff_seconds"]
 
 log = logging.getLogger("ckptstore.server")
+# httpx and httpcore log every request at INFO with the whole URL — a webhook's path and query are
+# its receiver's secrets. In the service's process they say warnings only; ours name the webhook.
+for _chatty in ("httpx", "httpcore"):
+    logging.getLogger(_chatty).setLevel(logging.WARNING)
 LEASE_SECONDS = 15.0
 MAX_BACKOFF_S = 300.0
 PRUNE_EVERY_S = 60.0
+DELIVERY_THREADS = 8
+TRIMMED = "trimmed from the event log before it was delivered (CKPTSTORE_EVENTS_KEEP_UNDELIVERED_ROWS)"
 
 
 def check_webhook_url(url: str, settings: Settings) -> str:
-    """`url` if it is http(s) to a host `CKPTSTORE_WEBHOOK_HOSTS` lists (host or host:port); else 403."""
-    parts = urlsplit(url)
+    """`url` if it is http(s) to a host `CKPTSTORE_WEBHOOK_HOSTS` lists (host or host:port), else 403;
+    422 for a URL that does not parse plainly: non-ASCII, a bad port or IPv6 host, or credentials
+    (`user:pw@`: they would reach logs, and parsers disagree on where such a host ends)."""
+    if not url.isascii():
+        raise ApiError.invalid("a webhook URL is ASCII (punycode a host name, percent-encode a path)")
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018  (parsing it is the check: a bad port raises)
+    except ValueError as exc:
+        raise ApiError.invalid(f"the webhook URL does not parse: {exc}") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ApiError.invalid("a webhook URL is http:// or https:// with a host")
+    if "@" in parts.netloc or "\\" in url:
+        raise ApiError.invalid("a webhook URL may not carry credentials (user:password@host): use its secret")
     allowed = settings.webhook_host_list
     names = {parts.hostname.lower(), f"{parts.hostname.lower()}:{parts.port}" if parts.port else ""}
     if not allowed or not names & allowed:
@@ -62,7 +87,8 @@ class WebhookDispatcher:
         self.owner = uuid.uuid4().hex
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self._http = httpx.Client(timeout=settings.webhook_timeout_seconds, follow_redirects=False)
+        self._pool = ThreadPoolExecutor(DELIVERY_THREADS, thread_name_prefix="ckptstore-webhook")
+        self._in_flight: dict[str, Future[bool]] = {}  # one delivery at a time per webhook: its order holds
         self._pruned_at = 0.0
         self._thread = threading.Thread(target=self._run, name="ckptstore-webhooks", daemon=True)
         self._thread.start()
@@ -74,37 +100,85 @@ class WebhookDispatcher:
         self._stop.set()
         self._wake.set()
         self._thread.join(timeout=30)
+        self._pool.shutdown(wait=True, cancel_futures=True)
         try:
             with self.db.write() as session:
                 session.execute(update(Webhook).where(Webhook.lease_owner == self.owner).values(lease_until=0.0))
         except self.db.errors as exc:  # the database is away: the lease simply runs out
             log.warning("could not release webhook leases: %s", type(exc).__name__)
-        self._http.close()
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            busy = False
             try:
-                self._trim_log()
+                if time.time() - self._pruned_at >= PRUNE_EVERY_S:
+                    self.trim_log()
                 for name in self._leased_webhooks():
-                    busy |= self._deliver_next(name)
+                    if name not in self._in_flight:
+                        future = self._in_flight[name] = self._pool.submit(self._deliver_next, name)
+                        future.add_done_callback(functools.partial(self._delivered, name))
             except self.db.errors as exc:
                 log.warning("webhook deliveries paused: database error %s", type(exc).__name__)
-            if not busy:
-                self._wake.wait(timeout=self.settings.webhook_poll_seconds)
-                self._wake.clear()
+            self._wake.wait(timeout=self.settings.webhook_poll_seconds)
+            self._wake.clear()
 
-    def _trim_log(self) -> None:
-        now = time.time()
-        if now - self._pruned_at < PRUNE_EVERY_S:
+    def _delivered(self, name: str, done: Future[bool]) -> None:
+        """A delivery ended: the webhook may take its next one (at once, when there was work)."""
+        self._in_flight.pop(name, None)
+        if done.cancelled():
             return
+        error = done.exception()
+        if error is not None:
+            log.warning("webhook %s: delivery failed: %s", name, type(error).__name__)
+        elif done.result():
+            self._wake.set()
+
+    def trim_log(self, now: float | None = None) -> int:
+        """Trim the event log to its window, keeping what a webhook has not been given yet (up to
+        `events_keep_undelivered_rows`); each event trimmed past that bound that a webhook wanted
+        is recorded as its `failed` delivery, saying why. Returns the events dropped."""
+        now = time.time() if now is None else now
         self._pruned_at = now
         keep = self.settings.events_keep_seconds
         with self.db.write() as session:
-            dropped = prune(session, keep_seconds=keep, keep_rows=self.settings.events_keep_rows, now=now)
+            through = out_of_window(
+                session,
+                keep_seconds=keep,
+                keep_rows=self.settings.events_keep_rows,
+                now=now,
+                keep_after=session.scalar(select(func.min(Webhook.cursor))),
+                most_rows=self.settings.events_keep_undelivered_rows,
+            )
+            lost = self._fail_undelivered(session, through, now)
+            dropped = prune(session, through)
             session.execute(delete(Delivery).where(Delivery.next_attempt_at < now - keep, Delivery.status != "pending"))
         if dropped:
             log.info("event log: %d events older than its window dropped", dropped)
+        if lost:
+            log.warning("event log: %d events trimmed before their webhooks had them: marked failed", lost)
+        return dropped
+
+    def _fail_undelivered(self, session: Session, through: int, now: float) -> int:
+        """Before the log drops events up to `through`: each one a webhook wanted and has not been given
+        becomes a `failed` delivery (TRIMMED), and the webhook goes on after them. How many."""
+        lost = 0
+        for hook in session.scalars(select(Webhook).where(Webhook.cursor < through)):
+            wanted = frozenset(hook.events)
+            while True:
+                page = [e for e in events_after(session, hook.cursor, job=hook.job, limit=200) if e.id <= through]
+                for event in page:
+                    hook.cursor = event.id
+                    if event.type not in wanted:
+                        continue
+                    lost += 1
+                    delivery = session.get(Delivery, (hook.name, event.id)) or Delivery(
+                        webhook=hook.name, event_id=event.id, type=event.type, attempts=0, next_attempt_at=now
+                    )
+                    delivery.status, delivery.last_error = "failed", TRIMMED
+                    session.add(delivery)
+                if len(page) < 200:
+                    break
+            hook.cursor = max(hook.cursor, through)
+        return lost
 
     def _leased_webhooks(self) -> list[str]:
         """The webhooks this process delivers now: free leases taken, its own renewed when half run out
@@ -164,7 +238,9 @@ class WebhookDispatcher:
                 return None
 
     def _post(self, url: str, secret: str, event: Event) -> str | None:
-        """POST the signed event; None when the receiver took it (2xx), else what went wrong."""
+        """POST the signed event; None when the receiver took it (2xx), else what went wrong. The POST
+        has a total deadline (`webhook_timeout_seconds`): past it, its connection is closed under it;
+        the answer's body is never read."""
         try:
             check_webhook_url(url, self.settings)
         except ApiError as exc:
@@ -179,13 +255,27 @@ class WebhookDispatcher:
             "X-Ckptstore-Timestamp": timestamp,
             "X-Ckptstore-Signature": sign(secret, timestamp, body),
         }
-        try:
-            response = self._http.post(url, content=body, headers=headers)
-        except httpx.HTTPError as exc:
-            return f"{type(exc).__name__}: {exc}"[:500]
-        if response.is_success:
-            return None
-        return f"receiver answered {response.status_code}"
+        deadline = self.settings.webhook_timeout_seconds
+        client = httpx.Client(timeout=deadline, follow_redirects=False)
+        answered: list[int | Exception] = []
+
+        def send() -> None:
+            try:
+                with client.stream("POST", url, content=body, headers=headers) as response:
+                    answered.append(response.status_code)
+            except httpx.HTTPError as exc:
+                answered.append(exc)
+
+        sender = threading.Thread(target=send, name="ckptstore-webhook-post", daemon=True)
+        sender.start()
+        sender.join(deadline)
+        client.close()  # cuts a receiver off mid-answer: its connection goes
+        if not answered:
+            return f"no answer within {deadline:g} s"
+        status = answered[0]
+        if isinstance(status, Exception):
+            return f"{type(status).__name__}: {status}"[:500]
+        return None if 200 <= status < 300 else f"receiver answered {status}"
 
     def _record(self, hook: Webhook, delivery: Delivery, event: Event, error: str | None, now: float) -> None:
         delivery.attempts += 1

@@ -155,7 +155,7 @@ def run(root: str, phase: str, trials: int, endpoint: str | None = None, service
         summary["killed"] += os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
         reader = open_store(root, endpoint)
         infos = reader.list_checkpoints(job, node)
-        listed = {i.position.epoch for i in infos if i.committed}
+        listed = {i.key.position.epoch for i in infos if i.committed}
         if (trial in listed) != COMMITTED_AFTER[phase]:
             summary["wrong_commit_state"] += 1
         for epoch in listed:

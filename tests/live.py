@@ -43,8 +43,9 @@ class LiveService:
         migrate(settings.database_url)
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.app = create_app(settings)
         config = uvicorn.Config(
-            create_app(settings),
+            self.app,
             host="127.0.0.1",
             port=self.port,
             http=BoundedHttpToolsProtocol,  # the service's own protocol, as `ckptstore serve` runs it

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -66,6 +67,22 @@ class GcsEmulator:
 
     def stop(self) -> None:
         self.server.stop()
+
+
+@contextlib.contextmanager
+def tmpfs(mountpoint: str, size: str):
+    """A tmpfs of `size` mounted at `mountpoint` for the block (a disk that fills up, or can turn
+    read-only: root ignores chmod). Mounting needs root, as CI runs."""
+    import pytest
+
+    os.makedirs(mountpoint)
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", mountpoint], capture_output=True)
+    if result.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {result.stderr.decode().strip()}")
+    try:
+        yield mountpoint
+    finally:
+        subprocess.run(["umount", "-l", mountpoint], check=False)
 
 
 def nginx_location() -> str:

@@ -10,7 +10,7 @@ import uuid
 import numpy as np
 import pytest
 
-from ckptstore import Store
+from ckptstore import CopyKey, Position, Store
 from ckptstore.layout import MANIFEST_NAME
 from client.cli import main
 from client.service import ServiceClient
@@ -55,7 +55,7 @@ def local_job(sqlite_service, job_name):
 
 
 def shard_path(root: str, job: str, node: str, epoch: int, attempt: str = "1") -> str:
-    directory = Store(root).location(job, node, epoch, attempt=attempt)
+    directory = Store(root).location(CopyKey(job, node, Position(epoch), attempt))
     return os.path.join(directory, next(f for f in os.listdir(directory) if f != MANIFEST_NAME))
 
 
@@ -95,7 +95,7 @@ def test_exit_codes_for_not_found_usage_and_an_unreachable_service(capsys, sqlit
 
 def test_inspect_shows_the_manifest(capsys, local_job):
     _, job, root = local_job
-    location = Store(root).location(job, "n0", 2, attempt="1")
+    location = Store(root).location(CopyKey(job, "n0", Position(2), "1"))
     manifest = cli_json(capsys, "inspect", location)
     assert (manifest["epoch"], manifest["attempt"], manifest["metadata"]["metrics"]) == (2, "1", {"loss": 1 / 3})
     code, out, _ = cli(capsys, "inspect", location)
@@ -125,7 +125,7 @@ def test_gc_runs_the_plan_and_removes_leftovers_and_superseded_attempts(capsys, 
     make_job(url, job_name, root, epochs=3, retention={"keep_last": 1, "grace_seconds": 60})
     store = Store(root)
     # An uncommitted leftover of attempt 1 and a superseded attempt 1 at epoch 2 (attempt 2 re-saved it).
-    leftover = store.location(job_name, "n0", 7, attempt="1")
+    leftover = store.location(CopyKey(job_name, "n0", Position(7), "1"))
     os.makedirs(leftover)
     with open(f"{leftover}/shard-00000.safetensors", "wb") as handle:
         handle.write(b"partial")
@@ -144,7 +144,7 @@ def test_gc_runs_the_plan_and_removes_leftovers_and_superseded_attempts(capsys, 
     assert os.path.isdir(leftover), "a dry run deletes nothing"
     assert cli(capsys, "gc", job_name, "--url", url)[0] == 0
     assert not os.path.exists(leftover)
-    assert [i.attempt for i in store.list_checkpoints(job_name, "n1") if i.position.epoch == 2] == ["2"]
+    assert [i.key.attempt for i in store.list_checkpoints(job_name, "n1") if i.key.position.epoch == 2] == ["2"]
     assert store.list_positions(job_name, "n0") == store.list_positions(job_name, "n1")
     assert [p.epoch for p in store.list_positions(job_name, "n0")] == [2]
     assert cli_json(capsys, "last-good", job_name, "--url", url)["epoch"] == 2
@@ -158,7 +158,7 @@ def test_reindex_after_losing_the_database_restores_last_good_and_attempt_counte
     make_job(first.url, job, root, epochs=2, attempts=2)
     with ServiceClient(first.url) as client:
         third = client.start_attempt(job, "n0")  # a third start of n0 that died mid-save
-    leftover = Store(root).location(job, "n0", 4, attempt=third)
+    leftover = Store(root).location(CopyKey(job, "n0", Position(4), third))
     os.makedirs(leftover)
     with open(f"{leftover}/shard-00000.safetensors", "wb") as handle:
         handle.write(b"partial")
@@ -200,6 +200,6 @@ def test_copy_from_s3_to_local_is_verified_on_arrival(capsys, sqlite_service, mo
     assert all(copy.verify(job_name, n, e).ok for n in NODES for e in range(2))
     assert copy.load(job_name, "n1", 1)["w"].tolist() == [1.0] * 256
     assert len(cli_json(capsys, "copy", f"{s3_root}/{job_name}", local)) == 4, "a re-run is a verified no-op"
-    one = Store(s3_root).location(job_name, "n0", 0, attempt="1")
+    one = Store(s3_root).location(CopyKey(job_name, "n0", Position(0), "1"))
     assert cli_json(capsys, "copy", one, str(tmp_path / "one"))[0]["source"] == one
     assert cli(capsys, "copy", f"{s3_root}/no-such-job", local)[0] == 3

@@ -77,10 +77,12 @@ def test_two_attempts_racing_on_one_position_newest_counts_and_gc_removes_the_lo
             outcomes = list(pool.map(lambda ref: _try_commit(client, ref), [old_ref, new_ref]))
         assert outcomes == ["fenced", "committed"]
         assert [(r.epoch, r.attempt) for r in client.list_checkpoints(job_name)] == [(3, str(new))]
-        assert [i.attempt for i in store.list_checkpoints(job_name, "n0")] == [str(old), str(new)], "both on storage"
+        assert [i.key.attempt for i in store.list_checkpoints(job_name, "n0")] == [str(old), str(new)], (
+            "both on storage"
+        )
         removed = apply_retention(client, job_name)
         assert [(r.attempt, r.reason) for r in removed] == [(str(old), "superseded")]
-    assert [i.attempt for i in store.list_checkpoints(job_name, "n0")] == [str(new)]
+    assert [i.key.attempt for i in store.list_checkpoints(job_name, "n0")] == [str(new)]
     assert store.load(job_name, "n0", 3)["w"].tolist() == [1.0] * 8
 
 

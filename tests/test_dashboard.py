@@ -10,6 +10,7 @@ import shutil
 import httpx
 import pytest
 
+from ckptstore.copykey import CopyKey
 from ckptstore.position import Position
 from ckptstore.report import AccessReport
 from ckptstore.schema import SkippedCopy
@@ -40,14 +41,19 @@ def seed(url: str, root: str, token: str | None = None) -> None:
     deleted, n2's storage failing with a hostile error text; job `long` with 130 positions."""
     with ServiceClient(url, token=token) as client:
         client.put_job("demo", ["n0", "n1", "n2"], storage_root=root)
+        attempts = {}
         for node in ("n0", "n1", "n2"):
-            attempt = client.start_attempt("demo", node)
+            attempt = attempts[node] = client.start_attempt("demo", node)
             for epoch in range(6):
                 if (node, epoch) != ("n2", 5):
                     commit(url, token, root, "demo", node, Position(epoch), attempt)
                     client.report_stats("demo", node, "save", 0.1 + epoch / 10, nbytes=4096)
-        client.mark("demo", "n1", Position(4), "corrupt", reason=f"verify: {HOSTILE}")
-        client.mark("demo", "n0", Position(0), "deleted", reason="retention")
+        client.mark(
+            CopyKey("demo", "n1", Position(4), attempts["n1"]), "corrupt", cause="verify", reason=f"verify: {HOSTILE}"
+        )
+        client.mark(
+            CopyKey("demo", "n0", Position(0), attempts["n0"]), "deleted", cause="retention", reason="retention"
+        )
         client.report_health("demo", "n2", AccessReport(False, None, HOSTILE))
         client.report_health("demo", "n0", AccessReport(True, 2.5, None))
         client.report_health("demo", "n1", AccessReport(True, 3.1, None))
@@ -73,7 +79,7 @@ def seed_tiers(client: ServiceClient, url: str, token: str | None, root: str) ->
             if epoch < 2:
                 commit(url, token, root, "tiered", node, Position(epoch), attempt, tier="durable")
     reason = "restore: shard tensors-00000.safetensors does not match its checksum (tensors ['dense/kernel'])"
-    client.mark("tiered", "t1", Position(3), "corrupt", tier="local", reason=reason)
+    client.mark(CopyKey("tiered", "t1", Position(3), attempt, "local"), "corrupt", cause="restore", reason=reason)
     restart = client.start_attempt("tiered", "t1")
     skipped = SkippedCopy(epoch=3, attempt="1", tier="local", state="corrupt", reason=reason)
     client.report_resume("tiered", "t1", restart, resumed_from=Position(2), skipped=[skipped])

@@ -43,8 +43,8 @@ DATA = {  # the documented payload of each type (docs/rest.md, "Events")
     "node.fenced": {"attempt", "by"},
     "checkpoint.committed": {"attempt", "tier", "location", "bytes", "step"},
     "position.good": {"last_good_epoch", "durable", "nodes"},
-    "copy.marked": {"attempt", "state", "tiers", "reason"},
-    "retention.deleted": {"attempt", "state", "tiers", "reason"},
+    "copy.marked": {"attempt", "state", "tiers", "cause", "reason"},
+    "retention.deleted": {"attempt", "state", "tiers", "cause", "reason"},
     "replication.done": {"attempt"},
     "replication.lagging": {"pending", "oldest_pending_since"},
     "health.changed": {"cp_accessible", "previous", "error", "latency_ms"},
@@ -74,7 +74,14 @@ def every_action(http: httpx.Client, root: str, job: str) -> None:
     assert http.post(f"/v1/jobs/{job}/nodes/n0/checkpoints", json=body).status_code == 201
     mark = {"epoch": 1, "state": "corrupt", "attempt": "2", "tier": "local", "reason": "crc32c mismatch"}
     assert http.post(f"/v1/jobs/{job}/nodes/n0/checkpoints/mark", json=mark).status_code == 200
-    mark = {"epoch": 0, "state": "deleted", "attempt": "1", "tier": "local", "reason": "retention: keep_last"}
+    mark = {
+        "epoch": 0,
+        "state": "deleted",
+        "attempt": "1",
+        "tier": "local",
+        "cause": "retention",
+        "reason": "keep_last",
+    }
     assert http.post(f"/v1/jobs/{job}/nodes/n1/checkpoints/mark", json=mark).status_code == 200
     health = {"cp_accessible": False, "latency_ms": 12.5, "error": "timeout"}
     assert http.put(f"/v1/jobs/{job}/nodes/n0/health", json=health).status_code == 200
@@ -143,7 +150,8 @@ def test_event_ids_out_of_range_are_refused(sqlite_service):
         for header in ("9" * 30, str(2**63), "-1", "x", "\u00b2"):
             answer = http.get("/v1/events", params={"format": "json"}, headers={"Last-Event-ID": header.encode()})
             assert answer.status_code == 422, (header, answer.text)
-        assert http.get("/v1/events", params={"format": "json", "after": 2**63 - 1}).json()["events"] == []
+        beyond = http.get("/v1/events", params={"format": "json", "after": 2**63 - 1}).json()
+        assert beyond["reset"], "an id beyond the newest event is a reset (issue 34): the reader starts again"
 
 
 def read_stream(url: str, headers: dict[str, str], count: int, params: dict | None = None) -> tuple[list[str], bool]:
@@ -246,7 +254,8 @@ def test_gzip_streams_carry_exactly_the_frames_of_plain_ones(tmp_path):
             ]
             for reader in readers:
                 reader.start()
-            time.sleep(1.0)  # every stream sent its backlog and waits for live events
+            # Every stream is subscribed (a live batch overlapping its backlog is sent once: Batch.chunk_after).
+            wait_for(lambda: len(live.app.state.hub.subscribers) == len(streams), timeout=20, what="every stream")
             for job, epochs in (("gz-a", 5), ("gz-b", 3)):
                 for epoch in range(epochs):
                     http.post(f"/v1/jobs/{job}/nodes/n0/checkpoints", json=commit_body(root, job, "n0", epoch))
@@ -338,7 +347,9 @@ def test_the_event_hub_stops_even_when_events_arrive_as_it_is_stopped(tmp_path):
     async def start_and_stop() -> None:
         hub = EventHub(db, poll_seconds=30, heartbeat_seconds=30, window_seconds=0)
         await hub.start()
-        await asyncio.sleep(0.05)  # the hub waits for a wake-up
+        async with asyncio.timeout(5):  # until the hub waits for a wake-up
+            while not hub._wake._waiters:  # type: ignore[union-attr]
+                await asyncio.sleep(0)
         hub.wake()  # as the writer thread does: its event is set on the next loop turn, before the stop
         await asyncio.sleep(0)
         async with asyncio.timeout(5):
@@ -401,7 +412,9 @@ def test_a_wake_up_with_more_events_than_one_read_takes_delivers_them_all_at_onc
         await hub.start()
         frames = hub.events(0, job=None, types=None)
         first = asyncio.ensure_future(anext(frames))
-        await asyncio.sleep(0.2)  # the stream waits for live events
+        async with asyncio.timeout(5):  # until the stream is subscribed (overlaps with its backlog are sent once)
+            while not hub.subscribers:
+                await asyncio.sleep(0)
         with db.write() as session:
             for i in range(count):
                 emit(session, "job.deleted", f"job-{i}")
@@ -425,7 +438,7 @@ def test_a_wake_up_with_more_events_than_one_read_takes_delivers_them_all_at_onc
 
 def test_a_reader_behind_the_log_window_gets_a_reset_and_the_rest(tmp_path):
     from server.db import Database, make_engine
-    from server.events import prune
+    from server.events import out_of_window, prune
 
     settings = service_settings(str(tmp_path), f"sqlite:///{tmp_path}/svc.db")
     live = LiveService(settings)
@@ -435,7 +448,10 @@ def test_a_reader_behind_the_log_window_gets_a_reset_and_the_rest(tmp_path):
                 declare(http, settings.default_storage, f"window-{i}", ["n0"])
             db = Database(make_engine(settings.database_url))
             with db.write() as session:
-                assert prune(session, keep_seconds=1e9, keep_rows=2, now=time.time()) == 2
+                through = out_of_window(
+                    session, keep_seconds=1e9, keep_rows=2, now=time.time(), keep_after=None, most_rows=2
+                )
+                assert prune(session, through) == 2
             db.dispose()
             page = http.get("/v1/events", params={"format": "json", "after": 1}).json()
             assert page["reset"] is True and [e["id"] for e in page["events"]] == [3, 4]
@@ -543,8 +559,12 @@ def test_webhook_deliveries_survive_a_down_receiver_and_a_service_restart_in_ord
         with live.client() as http:
             http.post("/v1/jobs/hooked/nodes/n0/checkpoints", json=commit_body(root, "hooked", "n0", 3))
             wait_for(lambda: len(receiver.received) >= 8, timeout=30, what="every delivery")
-            time.sleep(0.5)
-            deliveries = http.get("/v1/webhooks/ci/deliveries").json()
+
+            def all_recorded_delivered() -> list | None:
+                found = http.get("/v1/webhooks/ci/deliveries").json()
+                return found if {d["status"] for d in found} == {"delivered"} else None
+
+            deliveries = wait_for(all_recorded_delivered, timeout=30, what="every delivery recorded")
             listed = http.get("/v1/webhooks").text
         assert SECRET not in listed and {d["status"] for d in deliveries} == {"delivered"}
         assert deliveries[-1]["attempts"] >= 2 and deliveries[0]["attempts"] == 1
@@ -600,11 +620,14 @@ def test_a_stream_through_one_replica_sees_commits_through_another(tmp_path):
 
         def listen() -> None:
             with ServiceClient(b.url) as client:
-                got.extend(_take(client.events("across", after=0), 3))
+                for event in client.events("across", after=0):
+                    got.append(event)
+                    if len(got) == 3:
+                        return
 
         listener = threading.Thread(target=listen)
         listener.start()
-        time.sleep(0.5)
+        wait_for(lambda: got, timeout=20, what="the stream through b delivers the backlog (it is attached)")
         with httpx.Client(base_url=a.url) as http:
             http.post("/v1/jobs/across/nodes/n0/checkpoints", json=commit_body(root, "across", "n0", 0))
         listener.join(timeout=10)  # well before the 30 s poll: only a NOTIFY from replica a can wake b

@@ -74,9 +74,10 @@ def test_a_damaged_newest_copy_resumes_from_the_previous_position_and_is_marked(
     damage(Store(storage, storage_options=options), job, "n0", Position(2), "1", how)
 
     again = node(job, storage, options, url)
-    assert again.start() == Position(1)
-    assert again.restored is not None and bit_equal(again.restored.checkpoint.arrays, arrays_for(1))
-    (skipped,) = again.restored.skipped
+    again_restored = again.start()
+    assert again_restored is not None and again_restored.copy.position == Position(1)
+    assert again_restored is not None and bit_equal(again_restored.checkpoint.arrays, arrays_for(1))
+    (skipped,) = again_restored.skipped
     expected_state = "missing" if how.startswith("delete") else "corrupt"
     with ServiceClient(url) as client:
         (record,) = client.list_checkpoints(job, epoch=2)
@@ -90,8 +91,9 @@ def test_a_damaged_newest_copy_resumes_from_the_previous_position_and_is_marked(
     assert skipped.copy.position == Position(2) and skipped.state == expected_state
     again.close()
     third = node(job, storage, options, url)
-    assert third.start() == Position(1)
-    assert third.restored is not None and not third.restored.skipped, "the bad copy is not tried again"
+    third_restored = third.start()
+    assert third_restored is not None and third_restored.copy.position == Position(1)
+    assert third_restored is not None and not third_restored.skipped, "the bad copy is not tried again"
     third.close()
 
 
@@ -103,8 +105,9 @@ def test_without_a_service_restore_still_skips_the_damaged_copy(root, how):
     save_epochs(first, 3)
     damage(Store(storage, storage_options=options), job, "n0", Position(2), first.attempt, how)
     again = node(job, storage, options, None)
-    assert again.start() == Position(1)
-    assert again.restored is not None and bit_equal(again.restored.checkpoint.arrays, arrays_for(1))
+    again_restored = again.start()
+    assert again_restored is not None and again_restored.copy.position == Position(1)
+    assert again_restored is not None and bit_equal(again_restored.checkpoint.arrays, arrays_for(1))
 
 
 def test_a_corrupt_newest_attempt_falls_back_to_an_older_attempt_of_the_same_position(durable, sqlite_service):
@@ -117,9 +120,10 @@ def test_a_corrupt_newest_attempt_falls_back_to_an_older_attempt_of_the_same_pos
         client.commit(store.save(job, "n0", 1, arrays_for(7), attempt=attempt))
     damage(store, job, "n0", Position(1), attempt, "flip")
     again = node(job, storage, {}, url)
-    assert again.start() == Position(1) and again.restored is not None
-    assert again.restored.copy.attempt == "1" and bit_equal(again.restored.checkpoint.arrays, arrays_for(1))
-    assert [(s.copy.attempt, s.state) for s in again.restored.skipped] == [(attempt, "corrupt")]
+    again_restored = again.start()
+    assert again_restored is not None and again_restored.copy.position == Position(1) and again_restored is not None
+    assert again_restored.copy.attempt == "1" and bit_equal(again_restored.checkpoint.arrays, arrays_for(1))
+    assert [(s.copy.attempt, s.state) for s in again_restored.skipped] == [(attempt, "corrupt")]
 
 
 def test_no_intact_copy_left_names_every_copy_tried_and_never_starts_fresh(durable, sqlite_service):
@@ -139,7 +143,8 @@ def test_a_good_epoch_the_service_records_but_storage_lost_is_marked_missing(dur
     save_epochs(node(job, storage, {}, url), 3)
     shutil.rmtree(os.path.join(storage, job, "n0", "0000000002"))  # the whole position, every attempt
     again = node(job, storage, {}, url)
-    assert again.start() == Position(1)
+    again_restored = again.start()
+    assert again_restored is not None and again_restored.copy.position == Position(1)
     with ServiceClient(url) as client:
         (record,) = client.list_checkpoints(job, epoch=2)
         assert (record.state, record.reason) == ("missing", "restore: recorded, but not on storage")
@@ -157,11 +162,10 @@ def test_three_nodes_with_one_corrupt_part_all_resume_from_the_same_older_positi
 
     def restart(name: str) -> tuple[Position | None, bool]:
         checkpointer = node(job, storage, {}, url, name, restore_timeout_s=60)
-        position = checkpointer.start()
-        offset = 10 * nodes.index(name)
-        intact = checkpointer.restored is not None and bit_equal(
-            checkpointer.restored.checkpoint.arrays, arrays_for(position.epoch + offset)
-        )
+        restored = checkpointer.start()
+        assert restored is not None
+        position, offset = restored.copy.position, 10 * nodes.index(name)
+        intact = bit_equal(restored.checkpoint.arrays, arrays_for(position.epoch + offset))
         checkpointer.close()
         return position, intact
 
@@ -192,9 +196,12 @@ def test_a_corrupt_local_copy_falls_back_to_the_durable_copy_of_the_same_positio
     save_epochs(first, 3)
     damage(Store(local), job, "n0", Position(2), "1", "flip")
     again = node(job, durable, {}, url, local_storage=local)
-    assert again.start() == Position(2), "the same position from the other tier, before any older position"
-    assert again.restored is not None and again.restored.copy.tier == "durable"
-    assert bit_equal(again.restored.checkpoint.arrays, arrays_for(2))
+    again_restored = again.start()
+    assert again_restored is not None and again_restored.copy.position == Position(2), (
+        "the same position from the other tier, before any older position"
+    )
+    assert again_restored is not None and again_restored.copy.tier == "durable"
+    assert bit_equal(again_restored.checkpoint.arrays, arrays_for(2))
     with ServiceClient(url) as client:
         states = {(r.tier, r.state) for r in client.list_checkpoints(job, epoch=2)}
         assert states == {("local", "corrupt"), ("durable", "committed")}

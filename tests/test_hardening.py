@@ -196,7 +196,7 @@ def test_attempts_the_counter_could_not_follow_are_refused(sqlite_service, job_n
         declare(client, sqlite_service.storage, job_name, ["n0"])
         body = commit_body(sqlite_service.storage, job_name, "n0", 0, attempt="9999999999")
         huge = client.post(f"/v1/jobs/{job_name}/nodes/n0/checkpoints", json=body)
-        assert huge.status_code == 422 and "stop below" in huge.json()["detail"]
+        assert huge.status_code == 422 and "accepted below" in huge.json()["detail"]
         body = commit_body(sqlite_service.storage, job_name, "n0", 0) | {"attempt": True}
         assert client.post(f"/v1/jobs/{job_name}/nodes/n0/checkpoints", json=body).status_code == 422
         assert client.post(f"/v1/jobs/{job_name}/nodes/n0/attempts", json={}).json()["attempt"] == "1"

@@ -11,8 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ckptstore import Position, Store
+from ckptstore.copykey import CopyKey
+from ckptstore.crc import checksum, format_crc
 from ckptstore.manifest import ManifestError, parse_manifest
-from ckptstore.verify import checksum, format_crc
 
 # CI runs 300; the long run in bench/RESULTS.md sets CKPTSTORE_MANIFEST_EXAMPLES=10000.
 FUZZ_EXAMPLES = int(os.environ.get("CKPTSTORE_MANIFEST_EXAMPLES", "300"))
@@ -64,14 +65,14 @@ def test_hostile_manifests_are_not_committed(saved, name):
     store, ref, body = saved
     data = resealed(HOSTILE[name](body))
     with pytest.raises(ManifestError):
-        parse_manifest(data, expect=("job", "n", Position(0), "1"))
+        parse_manifest(data, expect=CopyKey("job", "n", Position(0), "1"))
     store._storage.fs.pipe_file(store._storage.path("job/n/0000000000/1/MANIFEST.json"), data)
     assert store.list_positions("job", "n") == []
 
 
 def test_the_real_manifest_parses(saved):
     _, ref, body = saved
-    assert parse_manifest(resealed(body), expect=("job", "n", Position(0), "1")) == ref.manifest
+    assert parse_manifest(resealed(body), expect=CopyKey("job", "n", Position(0), "1")) == ref.manifest
 
 
 def test_oversized_manifest_is_refused_without_parsing():
@@ -99,7 +100,7 @@ def test_mutated_real_manifests_are_refused_or_identical(real_manifest, data):
     path = data.draw(st.sampled_from(["epoch", "batch", "step", "attempt", "job"]))
     body[path] = data.draw(st.one_of(st.integers(-5, 10**11), st.text(max_size=5), st.none(), st.booleans()))
     try:
-        manifest = parse_manifest(resealed(body), expect=("job", "n", Position(0), "1"))
+        manifest = parse_manifest(resealed(body), expect=CopyKey("job", "n", Position(0), "1"))
     except ManifestError:
         return
     assert (manifest.job, manifest.epoch, manifest.batch, manifest.attempt) == ("job", 0, None, "1")

@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ckptstore.copykey import CopyKey
 from ckptstore.position import Position
 from ckptstore.retention import Candidate, RetentionPolicy, good_positions, plan_deletions, protected
 
@@ -14,12 +15,16 @@ NOW = 1_000_000.0
 OLD = NOW - 10_000
 
 
+def candidate(node, position, attempt, committed, modified, metric=None):
+    return Candidate(CopyKey("job", node, position, attempt), committed, modified, metric)
+
+
 def committed(epochs, nodes=NODES, batch=None, attempt="1", metric=None):
-    return [Candidate(n, Position(e, batch), attempt, True, OLD, metric) for e in epochs for n in nodes]
+    return [candidate(n, Position(e, batch), attempt, True, OLD, metric) for e in epochs for n in nodes]
 
 
 def deleted_positions(plan):
-    return sorted({d.position for d in plan if d.reason == "retention"})
+    return sorted({d.key.position for d in plan if d.reason == "retention"})
 
 
 def test_good_needs_every_expected_node():
@@ -33,10 +38,10 @@ def test_keep_last_keeps_the_newest_good_positions_and_everything_from_the_last_
     good = good_positions(candidates, NODES)
     plan = plan_deletions(candidates, good=good, policy=RetentionPolicy(keep_last=3), now=NOW)
     assert deleted_positions(plan) == [Position(e) for e in range(7)]
-    assert all(d.position.epoch < 7 for d in plan)
+    assert all(d.key.position.epoch < 7 for d in plan)
     by_position = {}
     for d in plan:
-        by_position.setdefault(d.position, set()).add(d.node)
+        by_position.setdefault(d.key.position, set()).add(d.key.node)
     assert all(nodes == set(NODES) for nodes in by_position.values()), "a position goes with every node's part"
 
 
@@ -100,13 +105,13 @@ def test_nothing_good_means_nothing_is_deleted_by_retention():
 
 def test_superseded_attempts_and_leftovers_go_only_after_the_grace_period():
     candidates = committed([5]) + [
-        Candidate("n0", Position(5), "2", True, OLD),
-        Candidate("n1", Position(5), "3", True, NOW - 10),
-        Candidate("n1", Position(6), "4", False, OLD),
-        Candidate("n2", Position(6), "4", False, NOW - 10),
+        candidate("n0", Position(5), "2", True, OLD),
+        candidate("n1", Position(5), "3", True, NOW - 10),
+        candidate("n1", Position(6), "4", False, OLD),
+        candidate("n2", Position(6), "4", False, NOW - 10),
     ]
     plan = plan_deletions(candidates, good=good_positions(candidates, NODES), policy=RetentionPolicy(), now=NOW)
-    assert {(d.node, d.position.epoch, d.attempt, d.reason) for d in plan} == {
+    assert {(d.key.node, d.key.position.epoch, d.key.attempt, d.reason) for d in plan} == {
         ("n0", 5, "1", "superseded"),
         ("n1", 6, "4", "uncommitted"),
     }, "n1's attempt 1 is superseded by a fresh attempt 3 but younger than grace: kept"
@@ -131,17 +136,19 @@ def test_policy_is_validated():
     st.one_of(st.none(), st.integers(1, 3)),
 )
 def test_never_deletes_the_protected_range_or_part_of_a_kept_position(entries, keep_last, keep_every):
-    candidates = [Candidate(n, Position(e, b), "1", True, OLD) for e, b, n in set(entries)]
+    candidates = [candidate(n, Position(e, b), "1", True, OLD) for e, b, n in set(entries)]
     good = good_positions(candidates, NODES)
     plan = plan_deletions(
         candidates, good=good, policy=RetentionPolicy(keep_last=keep_last, keep_every=keep_every), now=NOW
     )
     last_epoch, resume = protected(good)
-    doomed = {d.position for d in plan}
+    doomed = {d.key.position for d in plan}
     for d in plan:
-        assert resume is not None and d.position < resume and d.position != last_epoch
+        assert resume is not None and d.key.position < resume and d.key.position != last_epoch
     for c in candidates:
-        if c.position in doomed:
-            assert any(d.node == c.node and d.position == c.position for d in plan), "whole positions only"
+        if c.key.position in doomed:
+            assert any(d.key.node == c.key.node and d.key.position == c.key.position for d in plan), (
+                "whole positions only"
+            )
     kept_good = sorted(good - doomed)
     assert kept_good[-min(keep_last, len(good)) :] == sorted(good)[-min(keep_last, len(good)) :]

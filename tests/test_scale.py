@@ -19,6 +19,7 @@ from ckptstore.schema import COMMIT_BATCH_LIMIT, MAX_NODES
 from client import ServiceClient
 from client.operations import iter_attempts
 from client.reports import Reports
+from client.wire import Commit
 from tests.builders import commit_body, declare
 from tests.conftest import service_settings
 from tests.live import LiveService, wait_for
@@ -101,6 +102,43 @@ def test_commits_and_registrations_answered_before_routing_get_the_routes_answer
         assert len(http.get(f"/v1/jobs/{job_name}/checkpoints").json()) == 1, "the refusals changed nothing"
 
 
+def fast_path_count(http: httpx.Client, route: str) -> float:
+    """How many writes to `route` the fast path answered (the service's /metrics)."""
+    for line in http.get("/metrics").text.splitlines():
+        if line.startswith("ckptstore_fast_path_total{") and f'route="{route}"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_a_batch_commit_the_python_client_sends_is_answered_by_the_fast_path(service, job_name):
+    """The Python client commits only through `…/checkpoints/batch`: that route is on the fast path
+    (counted), and the same batch sent so only the route takes it gets the same answers."""
+    from server.fastpath import BATCH_ROUTE
+
+    root = service.storage
+    routed = {"content-type": "Application/JSON"}
+    with service.client() as http:
+        declare(http, root, job_name, ["n0", "n1"])
+        path = f"/v1/jobs/{job_name}/checkpoints/batch"
+        commits = [{"node": n, **commit_body(root, job_name, n, 0)} for n in ("n0", "n1")]
+        commits.append({"node": "n0", **commit_body(root, job_name, "n0", 0)} | {"bytes": 9})  # a conflict
+        before = fast_path_count(http, BATCH_ROUTE)
+        fast = http.post(path, json={"commits": commits})
+        assert fast_path_count(http, BATCH_ROUTE) == before + 1, "answered before routing"
+        slow = http.post(path, content=json.dumps({"commits": commits}), headers=routed)
+        assert fast_path_count(http, BATCH_ROUTE) == before + 1, "that one went through the route"
+        assert fast.status_code == slow.status_code == 200
+        assert [o["status"] for o in fast.json()] == [201, 201, 409]
+        assert [o["status"] for o in slow.json()] == [200, 200, 409]
+        assert [o["record"] for o in fast.json()][:2] == [o["record"] for o in slow.json()][:2]
+        assert fast.json()[2]["error"] == slow.json()[2]["error"]
+        with ServiceClient(service.live.url) as client:  # the Python client's own commits take that route
+            store = Store(root)
+            ref = store.save(job_name, "n0", 1, {"w": np.zeros(2, np.float32)}, attempt=1)
+            client.commit(ref)
+        assert fast_path_count(http, BATCH_ROUTE) == before + 2
+
+
 def test_the_writes_of_one_group_transaction_see_the_rows_the_earlier_ones_hold(service, job_name):
     """Commits and registrations hold their new rows until the end of their group transaction
     (server/held.py), and registrations read their nodes' attempt numbers once for it; a later
@@ -170,11 +208,10 @@ def test_commits_queued_during_an_outage_are_reposted_in_one_request(tmp_path):
     live.stop()
     transport = CountingTransport()
     client = ServiceClient(live.url, transport=transport, retries=1, backoff=0.01)
-    retention_runs: list[int] = []
-    reports = Reports(client, job, "n0", on_fenced=lambda: None, retention=lambda: retention_runs.append(1))
+    reports = Reports(client, job, "n0")
     for epoch in range(5):
         ref = store.save(job, "n0", epoch, {"w": np.full(8, epoch, np.float32)}, attempt=1)
-        reports.commit(ref, "durable", {"loss": 1.0 / (epoch + 1)})
+        reports.commit(Commit(ref, {"loss": 1.0 / (epoch + 1)}))
     assert not reports.drain(), "the service is down: the commits wait"
     assert reports.pending_commits == 5
     live = LiveService(settings, port=live.port)
@@ -183,7 +220,6 @@ def test_commits_queued_during_an_outage_are_reposted_in_one_request(tmp_path):
         batches = [json.loads(body) for method, path, body in transport.answered if path.endswith("/checkpoints/batch")]
         assert [len(b["commits"]) for b in batches] == [5], "one request carried every queued commit"
         assert not [p for _, p, _ in transport.answered if re.search(r"/nodes/n0/checkpoints$", p)]
-        assert retention_runs == [1], "the retention step ran once, after the commits"
         with live.client() as http:
             records = http.get(f"/v1/jobs/{job}/checkpoints").json()
             assert [(r["epoch"], r["metrics"]["loss"]) for r in records] == [(e, 1.0 / (e + 1)) for e in range(5)]

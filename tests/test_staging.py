@@ -6,7 +6,6 @@ import mmap
 
 import numpy as np
 
-from ckptstore import Position
 from client.loop import CheckpointManager
 
 
@@ -32,7 +31,7 @@ def test_staging_is_prepared_at_start_and_every_save_copies_into_the_same_buffer
         manager.save(epoch)
         manager.wait()
         assert all(manager._staging[key] is buffer for key, buffer in prepared.items()), "no new buffers"
-        saved = manager.checkpointer.load(Position(epoch))
+        saved = manager.checkpointer.store.load(manager.checkpointer.job, manager.checkpointer.node, epoch)
         np.testing.assert_array_equal(saved["w/00000"], weights.numpy())
         assert int(saved["step/00000"]) == epoch
     manager.close()

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from ckptstore import Position, Store, commit
+from ckptstore import CopyKey, Position, Store, commit
 from ckptstore.errors import CorruptCheckpointError
 from ckptstore.layout import MANIFEST_NAME
 from ckptstore.retention import Candidate, RetentionPolicy, plan_deletions
@@ -73,7 +73,7 @@ class CheckpointMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def corrupt_a_shard(self, data):
         epoch = data.draw(st.sampled_from(sorted(self.intact)))
-        location = self.store.location("job", "n0", epoch, attempt=self._attempt_of(epoch))
+        location = self.store.location(self._copy_of(epoch))
         shards = sorted(f for f in os.listdir(location) if f != MANIFEST_NAME)
         path = os.path.join(location, data.draw(st.sampled_from(shards)))
         with open(path, "r+b") as handle:
@@ -87,19 +87,21 @@ class CheckpointMachine(RuleBasedStateMachine):
     @rule(keep=st.integers(1, 3))
     def gc(self, keep):
         infos = self.store.list_checkpoints("job", "n0")
-        candidates = [Candidate("n0", i.position, i.attempt, i.committed, i.modified) for i in infos]
+        candidates = [Candidate(i.key, i.committed, i.modified) for i in infos]
         good = {Position(e) for e in self.intact}
         policy = RetentionPolicy(keep_last=keep, grace_seconds=0)
         for deletion in plan_deletions(candidates, good=good, policy=policy, now=time.time() + 1):
-            epoch = deletion.position.epoch
-            self.store.delete("job", "n0", epoch, attempt=deletion.attempt)
+            epoch = deletion.key.position.epoch
+            self.store.delete_copy(deletion.key)
             if deletion.reason == "retention":
                 self.intact.pop(epoch, None)
                 self.corrupt.discard(epoch)
 
-    def _attempt_of(self, epoch: int) -> str:
-        committed = [i for i in self.store.list_checkpoints("job", "n0") if i.position.epoch == epoch and i.committed]
-        return committed[-1].attempt
+    def _copy_of(self, epoch: int) -> CopyKey:
+        committed = [
+            i for i in self.store.list_checkpoints("job", "n0") if i.key.position.epoch == epoch and i.committed
+        ]
+        return committed[-1].key
 
     @invariant()
     def restore_gives_the_newest_intact_position_bit_exact(self):

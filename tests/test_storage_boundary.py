@@ -7,13 +7,15 @@ from __future__ import annotations
 import errno
 import subprocess
 import uuid
+from pathlib import Path
 
 import pytest
 
-from ckptstore import Position, Store
-from ckptstore.errors import CheckpointNotFoundError, StorageUnavailableError
+from ckptstore import CopyKey, Position, Store
+from ckptstore.errors import CheckpointNotFoundError, ConfigurationError, StorageUnavailableError
 from client.node import NodeCheckpointer
 from tests.builders import arrays_for, bit_equal
+from tests.servers import tmpfs
 
 NO_RETRIES = {"config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 2}}
 
@@ -24,7 +26,7 @@ def every_call_is_unavailable(store: Store) -> None:
         "save": lambda: store.save("job", "n0", 1, arrays_for(1), attempt="1"),
         "load": lambda: store.load("job", "n0", 0),
         "read named": lambda: store.load("job", "n0", 0, attempt="1", names=["layer0"]),
-        "manifest": lambda: store.manifest("job", "n0", 0),
+        "manifest": lambda: store.manifest(CopyKey("job", "n0", Position(0), "1")),
         "list_positions": lambda: store.list_positions("job", "n0"),
         "list_jobs": lambda: store.list_jobs(),
         "next_attempt": lambda: store.next_attempt("job", "n0"),
@@ -61,24 +63,22 @@ def test_s3_endpoint_stopped_mid_run_is_storage_unavailable_everywhere():
 
 @pytest.fixture
 def read_only_later(tmp_path):
-    """A tmpfs that a test can turn read-only (root ignores chmod; mount needs root)."""
-    mountpoint = tmp_path / "fs"
-    mountpoint.mkdir()
-    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mountpoint)], capture_output=True)
-    if result.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {result.stderr.decode().strip()}")
+    """A tmpfs that a test can turn read-only."""
+    with tmpfs(str(tmp_path / "fs"), "64m") as mountpoint:
 
-    def make_read_only() -> None:
-        subprocess.run(["mount", "-o", "remount,ro", str(mountpoint)], check=True)
+        def make_read_only() -> None:
+            subprocess.run(["mount", "-o", "remount,ro", mountpoint], check=True)
 
-    yield mountpoint, make_read_only
-    subprocess.run(["umount", "-l", str(mountpoint)], check=False)
+        yield Path(mountpoint), make_read_only
 
 
 def test_a_local_root_turned_read_only_refuses_writes_as_unavailable_and_still_reads(read_only_later):
     mountpoint, make_read_only = read_only_later
     store = Store(str(mountpoint / "root"))
     store.save("job", "n0", 0, arrays_for(0), attempt="1")
+    node = NodeCheckpointer(job="job", storage=store.url, node="n0", async_save=False)
+    strict = NodeCheckpointer(job="job", storage=store.url, node="n0", async_save=False, on_error="raise")
+    node.start(), strict.start()
     make_read_only()
     with pytest.raises(StorageUnavailableError) as raised:
         store.save("job", "n0", 1, arrays_for(1), attempt="1")
@@ -88,14 +88,13 @@ def test_a_local_root_turned_read_only_refuses_writes_as_unavailable_and_still_r
     assert bit_equal(store.load("job", "n0", 0), arrays_for(0)), "reads still work"
     assert store.list_positions("job", "n0") == [Position(0)]
     assert not store.accessible().ok
-    node = NodeCheckpointer(job="job", storage=store.url, node="n0", async_save=False)
-    node.start()
     node.save(Position(2), arrays_for(2))
     assert node.skipped_saves == 1, "on_error='warn': the save is skipped, training goes on"
-    strict = NodeCheckpointer(job="job", storage=store.url, node="n0", async_save=False, on_error="raise")
-    strict.start()
     with pytest.raises(StorageUnavailableError):
         strict.save(Position(2), arrays_for(2))
+    late = NodeCheckpointer(job="job", storage=store.url, node="n0", async_save=False)
+    with pytest.raises(ConfigurationError, match="Read-only"):
+        late.start()  # read-only from the start: refused before training, whatever on_error says
 
 
 def test_missing_is_not_found_not_unavailable(tmp_path):

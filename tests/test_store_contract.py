@@ -51,7 +51,7 @@ def test_round_trip_is_bit_exact_for_every_dtype_and_shape(store):
     assert ref.location == f"{store.url}/job/node-0/0000000003/1"
     assert set(ref.checksums) == {s.file for s in ref.manifest.shards}
     assert_bit_equal(store.load("job", "node-0", 3), arrays)
-    manifest = store.manifest("job", "node-0", 3)
+    manifest = store.manifest(ref.key)
     assert (manifest.step, manifest.metadata, manifest.attempt) == (42, {"loss": 0.5}, "1")
 
 
@@ -86,7 +86,7 @@ def test_newest_attempt_wins_and_older_attempts_stay_readable(store):
 def test_offline_attempts_count_up_and_never_share_a_prefix(store):
     first = store.save("job", "n", 0, {"x": np.array([1])})
     second = store.save("job", "n", 0, {"x": np.array([2])})
-    assert first.attempt.startswith("1-") and second.attempt.startswith("2-")
+    assert first.key.attempt.startswith("1-") and second.key.attempt.startswith("2-")
     assert store.load("job", "n", 0)["x"][0] == 2
     twins = {store.next_attempt("job", "n") for _ in range(20)}
     assert len(twins) == 20 and all(a.startswith("3-") for a in twins)

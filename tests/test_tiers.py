@@ -20,6 +20,7 @@ from client.node import NodeCheckpointer
 from tests.builders import arrays_for, bit_equal
 from tests.faults import FaultProxy
 from tests.live import wait_for
+from tests.servers import tmpfs
 
 pytestmark = pytest.mark.s3
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -74,14 +75,16 @@ def test_a_restart_on_the_same_machine_restores_locally_a_new_machine_from_durab
         node.save(Position(epoch), arrays_for(epoch))
     node.close()
     same_machine = checkpointer(local, durable, options, url, job)
-    assert same_machine.start() == Position(2)
-    assert same_machine.restored.copy.tier == "local"
-    assert bit_equal(same_machine.restored.checkpoint.arrays, arrays_for(2))
+    same_machine_restored = same_machine.start()
+    assert same_machine_restored is not None and same_machine_restored.copy.position == Position(2)
+    assert same_machine_restored.copy.tier == "local"
+    assert bit_equal(same_machine_restored.checkpoint.arrays, arrays_for(2))
     same_machine.close()
     new_machine = checkpointer(str(tmp_path / "empty-local"), durable, options, url, job)
-    assert new_machine.start() == Position(2)
-    assert new_machine.restored.copy.tier == "durable" and not new_machine.restored.skipped
-    assert bit_equal(new_machine.restored.checkpoint.arrays, arrays_for(2))
+    new_machine_restored = new_machine.start()
+    assert new_machine_restored is not None and new_machine_restored.copy.position == Position(2)
+    assert new_machine_restored.copy.tier == "durable" and not new_machine_restored.skipped
+    assert bit_equal(new_machine_restored.checkpoint.arrays, arrays_for(2))
     new_machine.close()
 
 
@@ -107,9 +110,10 @@ def test_kill_9_during_replication_keeps_the_local_copy_and_replication_resumes(
     with ServiceClient(url) as client:
         assert [r.tier for r in client.list_checkpoints(job)] == ["local"], "nor recorded"
     restarted = checkpointer(local, durable, options, url, job)
-    assert restarted.start() == Position(0)
-    assert restarted.restored.copy.tier == "local", "the local copy stays the restore source"
-    assert bit_equal(restarted.restored.checkpoint.arrays, arrays_for(0, size=2_500_000))
+    restarted_restored = restarted.start()
+    assert restarted_restored is not None and restarted_restored.copy.position == Position(0)
+    assert restarted_restored.copy.tier == "local", "the local copy stays the restore source"
+    assert bit_equal(restarted_restored.checkpoint.arrays, arrays_for(0, size=2_500_000))
     restarted.wait()
     assert durable_store.list_positions(job, "n0") == [Position(0)], "replication resumed after the restart"
     assert bit_equal(durable_store.load(job, "n0", 0), arrays_for(0, size=2_500_000))
@@ -132,7 +136,7 @@ def test_the_durable_store_away_costs_training_nothing_and_replication_catches_u
             node.save(Position(epoch), arrays_for(epoch))
             node.wait_for_write()
         assert node.skipped_saves == 0, "local saves go on"
-        wait_for(lambda: node._replicator.blocked, timeout=30, what="replication blocked")
+        assert not node._replicator.wait(timeout=30), "replication waits: the durable tier refuses every try"
         with ServiceClient(url) as client:
             assert client.last_good_epoch(job).epoch == 3, "good on the local tier"
             assert client.last_good_epoch(job).durable_epoch == 0
@@ -152,13 +156,8 @@ def test_the_durable_store_away_costs_training_nothing_and_replication_catches_u
 
 @pytest.fixture
 def tiny_local_disk(tmp_path):
-    mountpoint = tmp_path / "tiny"
-    mountpoint.mkdir()
-    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mountpoint)], capture_output=True)
-    if result.returncode != 0:
-        pytest.skip(f"cannot mount a size-limited tmpfs here: {result.stderr.decode().strip()}")
-    yield str(mountpoint)
-    subprocess.run(["umount", "-l", str(mountpoint)], check=False)
+    with tmpfs(str(tmp_path / "tiny"), "256k") as mountpoint:
+        yield mountpoint
 
 
 def test_a_full_local_disk_saves_straight_to_the_durable_tier(tiers, tiny_local_disk, caplog):

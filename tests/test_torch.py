@@ -192,7 +192,9 @@ def test_dcp_saved_by_two_ranks_loads_exactly_on_one_and_on_four(load_world, tmp
     with ServiceClient(sqlite_service.live.url) as client:
         assert client.last_good_epoch(job).resume.to_position() == Position(1, None)
         assert {r.node for r in client.list_checkpoints(job, epoch=1)} == {"node-0", "node-1"}
-    manifest = Store(storage).manifest(job, "node-1", 1)
+    store = Store(storage)
+    (copy,) = store.copies(job, "node-1", Position(1))
+    manifest = store.manifest(copy)
     assert manifest.metadata["format"] == "torch.distributed.checkpoint"
 
 
@@ -203,7 +205,8 @@ def test_a_corrupt_dcp_shard_is_never_loaded_and_the_next_load_falls_back(tmp_pa
     ranks(tmp_path, 2, "save", *common, module="tests.dcp_job")
     ranks(tmp_path, 2, "save", *common, "--epoch", "1", module="tests.dcp_job")
     store = Store(storage)
-    (attempt,) = store.attempts(job, "node-1", 1)
+    (copy,) = store.copies(job, "node-1", Position(1))
+    attempt = copy.attempt
     shard = next(iter(sorted(Path(storage, job, "node-1").glob(f"0000000001/{attempt}/*.safetensors"))))
     data = bytearray(shard.read_bytes())
     data[-3] ^= 0x10  # a byte inside the last tensor's data

@@ -146,7 +146,10 @@ def test_a_resume_prints_one_line_the_user_sees(root, capsys):
     first.save(Position(2, 40), arrays_for(1))
     first.close()
     again = node("visible", root, None)
-    assert again.start() == Position(2, 40)
+    restored = again.start()
+    assert restored is not None and restored.copy.position == Position(2, 40)
+    assert "resumed from" not in capsys.readouterr().err, "said only once the state is in place"
+    again.resumed(restored, 0.1)
     err = capsys.readouterr().err
     assert "ckptstore: visible/n0 resumed from epoch 2 batch 40 (durable copy, attempt" in err
 
@@ -180,7 +183,9 @@ def test_verify_and_last_good_use_the_exact_state_words(root, sqlite_service):
     checkpointer.start()
     for epoch in range(3):
         checkpointer.save(Position(epoch), arrays_for(epoch))
-    checkpointer.delete(Position(2), reason="by hand")
+    checkpointer.delete(
+        checkpointer.store.key(job, "n0", Position(2), checkpointer.attempt), cause="operator", reason="by hand"
+    )
     checkpointer.close()
     shutil.rmtree(os.path.join(root, job, "n0", "0000000001"))
     result = subprocess.run(

@@ -7,14 +7,19 @@ keep DCP's planning and resharding and put the bytes in ckptstore's layout.
     torch.distributed.checkpoint.load(state_dict, storage_reader=reader)
 
 Every rank is a node (`node-<rank>`) and commits its items as one checkpoint (safetensors shards,
-CRC32C, manifest last) at the position; rank 0 (the coordinator) commits its own items together
-with DCP's metadata once every rank has written, so a position whose metadata is readable had every
-rank's part committed first. With a service, each rank registers an attempt (fencing a zombie) and
-records its commit; the position becomes good once every rank's is in. Loading reads only the
-byte ranges the plan needs, verified, from the attempts the metadata names; DCP reshards to any
-number of ranks. A rank's part that fails verification is never loaded: the load raises, and with
-a service that copy is marked, so loading again resumes from the previous good position. DCP's metadata is a pickle, as in DCP's own FileSystemReader: load only from
-storage you trust.
+CRC32C, manifest last) at the position, through the same node checkpointer as the loop managers
+(`client.node`): options are `CheckpointOptions`' (service, token, local_storage, storage_options,
+max_to_keep, …), with a service each rank registers an attempt (fencing a zombie) and its commit is
+queued and retried like any other; the position becomes good once every rank's is in. Rank 0 (the
+coordinator) commits its own items together with DCP's metadata once every rank has written, so a
+position whose metadata is readable had every rank's part committed first. A save that cannot be
+written raises (DCP must not believe it saved). Loading reads only the byte ranges the plan needs,
+verified, from the attempts the metadata names, on the durable tier; DCP reshards to any number of
+ranks. A rank's copy that fails verification is marked and never loaded: the load raises, so
+loading again resumes from the previous good position. DCP's metadata is a pickle (as in DCP's
+own FileSystemReader), but it is loaded by an unpickler that admits DCP's metadata classes and
+nothing else: whoever can write to storage cannot make a load run code (a CRC32C is a checksum,
+not a signature).
 """
 
 from __future__ import annotations
@@ -41,11 +46,13 @@ from torch.distributed.checkpoint.planner import LoadItemType, WriteItemType
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
-from ckptstore import CheckpointRef, Position, Store
+from ckptstore import Position
 from ckptstore.deferred import VerifiedTensors
 from ckptstore.errors import CheckpointNotFoundError, CorruptCheckpointError
 from ckptstore.schema import MarkState
-from client.service import ServiceClient
+from client.identity import NodeIdentity
+from client.node import NodeCheckpointer
+from client.options import CheckpointOptions
 from client.torch.state import BITS, host_array
 
 __all__ = ["CkptstoreWriter", "CkptstoreReader", "METADATA_KEY"]
@@ -86,26 +93,50 @@ def _rank() -> tuple[int, int]:
     return 0, 1
 
 
+class _MetadataUnpickler(pickle.Unpickler):
+    """Loads DCP's metadata and refuses anything else a pickle could name (a planted pickle runs code
+    through the first callable it names: `os.system`, `builtins.eval`, ...)."""
+
+    _NAMED = frozenset(
+        {
+            ("client.torch.dcp", "_Stored"),
+            ("torch", "Size"),
+            ("torch.serialization", "_get_layout"),
+            ("collections", "OrderedDict"),
+            ("builtins", "set"),
+            ("builtins", "frozenset"),
+        }
+    )
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in self._NAMED:
+            return super().find_class(module, name)
+        if module == "torch.distributed.checkpoint.metadata":  # the classes defined there, nothing it imports
+            found = super().find_class(module, name)
+            if isinstance(found, type) and found.__module__ == module:
+                return found
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        raise pickle.UnpicklingError(f"it refers to {module}.{name}, which DCP metadata never does: refused")
+
+
+def _node(options: CheckpointOptions, rank: int, *, writes: bool) -> NodeCheckpointer:
+    """Rank `rank`'s node checkpointer (`node-<rank>`); a reader's does not write (it reads the durable
+    tier, whatever number of ranks it has: DCP reshards)."""
+    return NodeCheckpointer(options, identity=NodeIdentity(f"node-{rank}", writes, "torch.distributed"))
+
+
 class CkptstoreWriter(StorageWriter):
     """Writes one DCP checkpoint at (epoch, batch) of `job` under `storage` (see module docstring)."""
 
-    def __init__(
-        self,
-        storage: str,
-        job: str,
-        epoch: int,
-        *,
-        batch: int | None = None,
-        service: str | list[str] | None = None,
-        storage_options: dict[str, Any] | None = None,
-    ):
+    def __init__(self, storage: str | None, job: str | None, epoch: int, *, batch: int | None = None, **options: Any):
         super().__init__()
-        self.store = Store(storage, storage_options=storage_options)
-        self.job, self.position = job, Position(epoch, batch)
-        self.client = ServiceClient(service) if service else None
         self.rank, self.world = _rank()
-        self.node = f"node-{self.rank}"
-        self.attempt = ""
+        self.options = CheckpointOptions.resolve(
+            storage=storage, job=job, nodes=self.world, on_error="raise", async_save=False, **options
+        )
+        self.position = Position(epoch, batch)
+        self.node: NodeCheckpointer | None = None
         self._held: dict[str, np.ndarray] = {}  # the coordinator's items, committed with the metadata
 
     def reset(self, checkpoint_id: Any = None) -> None:
@@ -117,15 +148,8 @@ class CkptstoreWriter(StorageWriter):
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         self.is_coordinator = is_coordinator
-        if self.client is not None:
-            nodes = [f"node-{r}" for r in range(self.world)]
-            try:
-                self.client.get_job(self.job)
-            except CheckpointNotFoundError:
-                self.client.put_job(self.job, nodes, storage_root=self.store.url)
-            self.attempt = self.client.start_attempt(self.job, self.node)
-        else:
-            self.attempt = self.store.next_attempt(self.job, self.node)
+        self.node = _node(self.options, self.rank, writes=True)
+        self.node.register()
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
         return plan
@@ -134,6 +158,7 @@ class CkptstoreWriter(StorageWriter):
         return plans
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+        assert self.node is not None and self.node.attempt is not None, "set_up_storage_writer runs first"
         arrays: dict[str, np.ndarray] = {}
         results = []
         for number, item in enumerate(plan.items):
@@ -149,7 +174,7 @@ class CkptstoreWriter(StorageWriter):
                 assert isinstance(data, torch.Tensor)
                 arrays[key] = host_array(data)
                 dtype = str(data.dtype).removeprefix("torch.")
-            stored = _Stored(self.node, self.attempt, key, dtype)
+            stored = _Stored(self.node.node, self.node.attempt, key, dtype)
             results.append(WriteResult(index=item.index, size_in_bytes=arrays[key].nbytes, storage_data=stored))
         if self.is_coordinator:
             self._held = arrays  # committed in `finish`, with the metadata, after every rank's part
@@ -165,19 +190,15 @@ class CkptstoreWriter(StorageWriter):
         self._commit(self._held)
         self._held = {}
 
-    def _commit(self, arrays: dict[str, np.ndarray]) -> CheckpointRef:
-        ref = self.store.save(
-            self.job,
-            self.node,
-            self.position.epoch,
-            arrays,
-            batch=self.position.batch,
-            attempt=self.attempt,
-            metadata={"format": "torch.distributed.checkpoint", "ranks": self.world},
-        )
-        if self.client is not None:
-            self.client.commit(ref)
-        return ref
+    def _commit(self, arrays: dict[str, np.ndarray]) -> None:
+        """Save this rank's part (synchronously: it raises if it cannot), its records sent, then let the node go."""
+        assert self.node is not None
+        try:
+            self.node.save(
+                self.position, arrays, metadata={"format": "torch.distributed.checkpoint", "ranks": self.world}
+            )
+        finally:
+            self.node.close()
 
     def storage_meta(self) -> Any:
         return None
@@ -189,18 +210,17 @@ class CkptstoreReader(StorageReader):
 
     def __init__(
         self,
-        storage: str,
-        job: str,
+        storage: str | None,
+        job: str | None,
         epoch: int | None = None,
         *,
         batch: int | None = None,
-        service: str | list[str] | None = None,
-        storage_options: dict[str, Any] | None = None,
+        **options: Any,
     ):
         super().__init__()
-        self.store = Store(storage, storage_options=storage_options)
-        self.job = job
-        self.client = ServiceClient(service) if service else None
+        rank, _ = _rank()
+        self.node = _node(CheckpointOptions.resolve(storage=storage, job=job, **options), rank, writes=False)
+        self.job = self.node.job
         self.position = None if epoch is None else Position(epoch, batch)
         self.metadata: Metadata | None = None
 
@@ -212,23 +232,28 @@ class CkptstoreReader(StorageReader):
         return checkpoint_id is None
 
     def _resume_position(self) -> Position:
-        if self.client is not None:
-            resume = self.client.last_good_epoch(self.job).resume
+        if self.node.client is not None:
+            resume = self.node.client.last_good_epoch(self.job).resume
             if resume is None:
                 raise CheckpointNotFoundError(f"job {self.job!r} has no good position yet")
             return resume.to_position()
-        positions = self.store.list_positions(self.job, COORDINATOR)
+        positions = {p for store in self.node.tiers.values() for p in store.list_positions(self.job, COORDINATOR)}
         if not positions:
-            raise CheckpointNotFoundError(f"no DCP checkpoint of job {self.job!r} under {self.store.url}")
+            raise CheckpointNotFoundError(f"no DCP checkpoint of job {self.job!r} under {self.node.store.url}")
         return max(positions)
 
     def read_metadata(self) -> Metadata:
         if self.position is None:
             self.position = self._resume_position()
-        arrays = self.store.load(
+        arrays = self.node.store.load(
             self.job, COORDINATOR, self.position.epoch, batch=self.position.batch, names=[METADATA_KEY]
         )
-        self.metadata = pickle.loads(arrays[METADATA_KEY].tobytes())
+        try:
+            self.metadata = _MetadataUnpickler(io.BytesIO(arrays[METADATA_KEY].tobytes())).load()
+        except pickle.UnpicklingError as exc:
+            raise CorruptCheckpointError(
+                f"the DCP metadata of {self.job} at {self.position} is not DCP metadata: {exc}"
+            ) from None
         return self.metadata
 
     def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
@@ -279,21 +304,27 @@ class CkptstoreReader(StorageReader):
         return future
 
     def _load(self, node: str, attempt: str, names: list[str]) -> Mapping[str, np.ndarray]:
-        """The named arrays of one rank's checkpoint, verified: on local disk the whole copy is
-        verified and its tensors read where they go (`VerifiedTensors`); on object stores only the
-        named byte ranges are fetched, each checked. A copy that fails verification or is gone is
-        marked in the service, so the next load resumes from the previous good position."""
+        """The named arrays of one rank's copy, verified, nearest tier first: on local disk the whole copy
+        is verified and its tensors read where they go (`VerifiedTensors`); on object stores only the
+        named byte ranges are fetched, each checked. A copy that fails verification is marked in the
+        service and the next tier's is read; with none left the load raises, and the next load resumes
+        from the previous good position."""
         assert self.position is not None
-        epoch, batch = self.position.epoch, self.position.batch
-        try:
-            if self.store.is_local:
-                return self.store.read_attempt(
-                    self.job, node, epoch, batch=batch, attempt=attempt, deferred=True
-                ).arrays
-            return self.store.load(self.job, node, epoch, batch=batch, attempt=attempt, names=names)
-        except (CorruptCheckpointError, CheckpointNotFoundError) as exc:
-            if self.client is None:
-                raise
-            state: MarkState = "corrupt" if isinstance(exc, CorruptCheckpointError) else "missing"
-            self.client.mark(self.job, node, self.position, state, attempt=attempt, reason=str(exc))
-            raise type(exc)(f"{exc} (marked {state}: the next load resumes from the previous good position)") from exc
+        failures: list[str] = []
+        marked: list[str] = []
+        for store in self.node.tiers.values():
+            copy = store.key(self.job, node, self.position, attempt)
+            try:
+                if store.is_local:
+                    return store.read_copy(copy, deferred=True).arrays
+                return store.read(self.job, node, self.position, attempt=attempt, names=names).arrays
+            except (CorruptCheckpointError, CheckpointNotFoundError) as exc:
+                state: MarkState = "corrupt" if isinstance(exc, CorruptCheckpointError) else "missing"
+                failures.append(f"{copy} {state}: {exc}")
+                if self.node.client is not None and (state == "corrupt" or copy.tier == "durable"):
+                    self.node.client.mark(copy, state, cause="restore", reason=f"restore: {exc}")
+                    marked.append(f"{copy.tier} copy marked {state}")
+        outcome = f" ({', '.join(marked)}: the next load resumes from the previous good position)" if marked else ""
+        raise CorruptCheckpointError(
+            f"no intact copy of {node}'s part at {self.position} attempt {attempt}: {'; '.join(failures)}{outcome}"
+        )

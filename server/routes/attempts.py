@@ -3,21 +3,21 @@ agreement; the job's restart history."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Path
-from sqlalchemy.orm import Session
 
 from ckptstore.position import POSITION_LIMIT
 from ckptstore.schema import AttemptInfo, AttemptRequest, ResumeAgreement, ResumeReport
 from server import records, restarts
 from server.deps import DbDep, JobName, NodeName, PageDep, WritesDep
 from server.errors import COMMON_ERRORS, error_responses
+from server.writes import IDEMPOTENCY_KEY, register_attempt
+
+__all__ = ["router"]
 
 router = APIRouter(prefix="/v1/jobs/{job}", tags=["attempts"], responses=COMMON_ERRORS)
 AttemptNumber = Annotated[int, Path(ge=1, lt=POSITION_LIMIT, description="the attempt's number")]
-IDEMPOTENCY_KEY = r"^[A-Za-z0-9._:-]{1,64}$"
 IdempotencyKey = Annotated[
     str | None,
     Header(
@@ -34,21 +34,8 @@ async def start_attempt(
 ) -> AttemptInfo:
     """Number a new start of `node` (fencing every older attempt) and record where it resumed from;
     a request repeating an answered one's Idempotency-Key gets that attempt again. Well-formed
-    registrations are answered before routing (`server.fastpath`), with the same function."""
-    return await writes.run(job, registration(job, node, body, key), defers_inserts=True, attempts_of=(node, key))
-
-
-def registration(job: str, node: str, body: AttemptRequest | None, key: str | None) -> Callable[[Session], AttemptInfo]:
-    """The group-commit write that numbers a new start of `node` in `job`."""
-    resumed = body.resumed_from.to_position() if body and body.resumed_from else None
-    at_least = body.at_least if body else None
-
-    def register(session: Session) -> AttemptInfo:
-        row = records.lock_job(session, job)
-        attempt = restarts.start_attempt(session, row, node, resumed, at_least=at_least, request_key=key)
-        return restarts.attempt_info(row, attempt)
-
-    return register
+    registrations are answered before routing (`server.fastpath`), by the same function."""
+    return await register_attempt(writes, job, node, body, key)
 
 
 @router.put("/nodes/{node}/attempts/{attempt}", response_model=AttemptInfo, responses=error_responses(409))

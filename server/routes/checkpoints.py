@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
-from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
 
 from ckptstore.position import POSITION_LIMIT
 from ckptstore.schema import (
@@ -17,17 +14,18 @@ from ckptstore.schema import (
     CommitBatch,
     CommitOutcome,
     CommitRequest,
-    ErrorBody,
     LastGood,
     MarkRequest,
-    NodeCommit,
 )
 from server import records
 from server.db import Database
 from server.deps import DbDep, JobName, NodeName, PageDep, WritesDep
-from server.errors import COMMON_ERRORS, ApiError, error_responses
+from server.errors import COMMON_ERRORS, error_responses
 from server.last_good import last_good
 from server.metrics import METRICS
+from server.writes import commit_status, outcome, record_commits
+
+__all__ = ["router"]
 
 router = APIRouter(prefix="/v1/jobs/{job}", tags=["checkpoints"], responses=COMMON_ERRORS | error_responses(409))
 
@@ -43,50 +41,23 @@ async def commit(
 ) -> CheckpointRecord:
     """Record a committed checkpoint. Identical re-posts answer 200; other content 409 conflict; an
     attempt older than the node's newest 409 fenced; a location not built from the key parts 422.
-    Well-formed commits are answered before routing (`server.fastpath`), with the same functions."""
-    record, created = await writes.run(job, recording(job, node, body), defers_inserts=True)
+    Well-formed commits are answered before routing (`server.fastpath`), by the same entry point."""
+    (answer,) = await record_commits(writes, job, [(node, body)])
+    if isinstance(answer, BaseException):
+        raise answer
+    record, created = answer
     response.status_code = commit_status(created)
     return record
-
-
-def recording(job: str, node: str, body: CommitRequest) -> Callable[[Session], tuple[CheckpointRecord, bool]]:
-    """The group-commit write that records `node`'s commit `body` in `job`."""
-    return lambda session: records.commit_checkpoint(session, records.lock_job(session, job), node, body)
-
-
-def commit_status(created: bool) -> int:
-    """Count a recorded commit; its status: 201 new, 200 an identical re-post."""
-    METRICS.commits.labels("created" if created else "repeated").inc()
-    return 201 if created else 200
 
 
 @router.post("/checkpoints/batch", response_model=list[CommitOutcome])
 async def commit_batch(job: JobName, body: CommitBatch, writes: WritesDep) -> list[CommitOutcome]:
     """Record several commits of the job, in order, in one group transaction: each gets the answer it
     would have had alone (201, 200, 409, 404 or 422 in `status`); the request fails only as a whole
-    (503) when nothing could be recorded."""
-
-    def recorder(commit: NodeCommit) -> Callable[[Session], tuple[CheckpointRecord, bool]]:
-        return recording(job, commit.node, CommitRequest.model_validate(commit.model_dump(exclude={"node"})))
-
-    futures = [
-        asyncio.wrap_future(writes.submit(job, recorder(commit), defers_inserts=True)) for commit in body.commits
-    ]
-    return [_outcome(answer) for answer in await asyncio.gather(*futures, return_exceptions=True)]
-
-
-def _outcome(answer: tuple[CheckpointRecord, bool] | BaseException) -> CommitOutcome:
-    if isinstance(answer, ApiError):
-        return CommitOutcome(
-            status=answer.status, error=ErrorBody.model_validate({"error": answer.code, "detail": answer.detail})
-        )
-    if isinstance(answer, IntegrityError):
-        detail = "a concurrent request changed the same record; retry"
-        return CommitOutcome(status=409, error=ErrorBody(error="conflict", detail=detail))
-    if isinstance(answer, BaseException):
-        raise answer  # the batch failed as a whole (the database away: 503)
-    record, created = answer
-    return CommitOutcome(status=commit_status(created), record=record)
+    (503) when nothing could be recorded. The route every commit of the Python client takes; well-formed
+    batches are answered before routing (`server.fastpath`), by the same entry point."""
+    answers = await record_commits(writes, job, [(commit.node, commit) for commit in body.commits])
+    return [outcome(answer) for answer in answers]
 
 
 @router.get("/checkpoints", response_model=list[CheckpointRecord])

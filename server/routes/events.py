@@ -70,6 +70,17 @@ def _zero_weight(parameter: str) -> bool:
         return False
 
 
+RETRY = {"Retry-After": "5"}
+
+
+def caller(request: Request) -> str:
+    """Whose event stream this is: the job whose token the request carries, else its client's address."""
+    job = getattr(request.state, "token_job", None)
+    if job is not None:
+        return f"job token {job}"
+    return f"client {request.client.host if request.client else '?'}"
+
+
 def stream_response(
     request: Request,
     hub: EventHub,
@@ -79,10 +90,18 @@ def stream_response(
     *,
     named: bool = True,
 ) -> StreamingResponse:
-    """The SSE stream from `after` (None: from now on), gzip-encoded where the client accepts it."""
+    """The SSE stream from `after` (None: from now on), gzip-encoded where the client accepts it; refused
+    (503, or 429 for one caller) when the process serves as many streams as it may."""
+    holder = caller(request)
+    settings = request.app.state.settings
+    refused = hub.refusal(
+        holder, most=settings.events_max_streams, most_per_holder=settings.events_max_streams_per_caller
+    )
+    if refused is not None:
+        raise ApiError(refused[0], "unavailable" if refused[0] == 503 else "too_many", refused[1], headers=RETRY)
     start = hub.read_through if after is None else after
     gzip = accepts_gzip(request.headers.get("accept-encoding"))
-    frames = hub.events(start, job=job, types=types, named=named, gzip=gzip)
+    frames = hub.events(start, job=job, types=types, named=named, gzip=gzip, holder=holder)
     request.scope[ENDLESS] = True  # a shutdown closes the stream instead of waiting for its end
     headers = STREAM_HEADERS | ({"Content-Encoding": "gzip"} if gzip else {})
     return StreamingResponse(frames, media_type="text/event-stream", headers=headers)
@@ -115,9 +134,6 @@ async def events(
     if format == "sse":
         return stream_response(request, hub, start, job, wanted)
     start = start or 0
-    found, oldest = await hub.page(start, job=job, types=wanted, limit=limit)
-    return EventPage(
-        events=found,
-        last_id=found[-1].id if found else start,
-        reset=oldest is not None and start + 1 < oldest,
-    )
+    found, restart = await hub.page(start, job=job, types=wanted, limit=limit)
+    go_on = start if restart is None else restart
+    return EventPage(events=found, last_id=found[-1].id if found else go_on, reset=restart is not None)

@@ -18,6 +18,8 @@ from server.deps import DbDep, JobName, NodeName, SettingsDep, WritesDep
 from server.errors import COMMON_ERRORS
 from server.last_good import expected_nodes
 
+__all__ = ["router"]
+
 router = APIRouter(prefix="/v1/jobs/{job}", tags=["health"], responses=COMMON_ERRORS)
 PROBE_TIMEOUT_S = 5.0  # the whole probe, opening the storage included: well inside a client's timeout
 

@@ -11,6 +11,8 @@ from server.deps import DbDep, JobName, PageDep, SettingsDep
 from server.errors import COMMON_ERRORS, error_responses
 from server.models import Job
 
+__all__ = ["router"]
+
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=COMMON_ERRORS | error_responses(403, 409))
 
 

@@ -15,6 +15,8 @@ from server.metrics import METRICS, replication_metrics
 from server.models import Job
 from server.telemetry import replication_lag
 
+__all__ = ["router"]
+
 router = APIRouter(tags=["operations"])
 
 

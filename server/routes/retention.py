@@ -11,6 +11,8 @@ from server import records
 from server.deps import DbDep, JobName
 from server.errors import COMMON_ERRORS
 
+__all__ = ["router"]
+
 router = APIRouter(prefix="/v1/jobs/{job}", tags=["retention"], responses=COMMON_ERRORS)
 
 

@@ -10,6 +10,8 @@ from server import records, telemetry
 from server.deps import DbDep, JobName, WritesDep
 from server.errors import COMMON_ERRORS
 
+__all__ = ["router"]
+
 router = APIRouter(prefix="/v1/jobs/{job}", tags=["stats"], responses=COMMON_ERRORS)
 
 

@@ -17,20 +17,15 @@ from server.events import newest_event_id
 from server.models import Delivery, Webhook
 from server.webhooks import check_webhook_url
 
+__all__ = ["router"]
+
 router = APIRouter(prefix="/v1/webhooks", tags=["webhooks"], responses=COMMON_ERRORS | error_responses(403))
 WebhookName = Annotated[str, Path(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$", json_schema_extra=NAME_JSON_SCHEMA)]
 
 
 def _info(hook: Webhook) -> WebhookInfo:
-    return WebhookInfo(
-        name=hook.name,
-        url=hook.url,
-        events=hook.events,
-        job=hook.job,
-        delivered_through=hook.cursor,
-        created_at=hook.created_at,
-        updated_at=hook.updated_at,
-    )
+    shown = {name: getattr(hook, name) for name in ("name", "url", "events", "job", "created_at", "updated_at")}
+    return WebhookInfo(delivered_through=hook.cursor, **shown)
 
 
 @router.put("/{name}", status_code=201, response_model=WebhookInfo, responses={200: {"model": WebhookInfo}})

@@ -1,0 +1,76 @@
+"""The hot writes, as the group commit runs them: recording commits — one entry point for a single
+commit and a batch — and registering attempts. The routes and the fast path (server/fastpath.py)
+both call these, so a request gets the same answer whichever of them takes it."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from ckptstore.position import Position
+from ckptstore.schema import AttemptInfo, AttemptRequest, CheckpointRecord, CommitOutcome, CommitRequest
+from server import records, restarts
+from server.batching import WriteBatcher
+from server.errors import ApiError, error_model
+from server.metrics import METRICS
+
+__all__ = ["IDEMPOTENCY_KEY", "Recorded", "record_commits", "outcome", "commit_status", "register_attempt"]
+
+IDEMPOTENCY_KEY = r"^[A-Za-z0-9._:-]{1,64}$"  # a registration's Idempotency-Key header
+Recorded = tuple[CheckpointRecord, bool]  # the record, and whether this request created it
+CONCURRENT_CHANGE = "a concurrent request changed the same record; retry"
+
+
+def _recording(job: str, node: str, body: CommitRequest) -> Callable[[Session], Recorded]:
+    return lambda session: records.commit_checkpoint(session, records.lock_job(session, job), node, body)
+
+
+async def record_commits(
+    writes: WriteBatcher, job: str, commits: Sequence[tuple[str, CommitRequest]]
+) -> list[Recorded | BaseException]:
+    """Record (node, commit) pairs of `job`, in order, in the next group transaction: for each, its record
+    or the refusal it got alone (an ApiError, or an IntegrityError from a concurrent change). Raises only
+    when nothing could be recorded (the database away)."""
+    futures = [
+        asyncio.wrap_future(writes.submit(job, _recording(job, node, body), defers_inserts=True))
+        for node, body in commits
+    ]
+    answers = await asyncio.gather(*futures, return_exceptions=True)
+    for answer in answers:
+        if isinstance(answer, BaseException) and not isinstance(answer, (ApiError, IntegrityError)):
+            raise answer
+    return answers
+
+
+def commit_status(created: bool) -> int:
+    """Count a recorded commit; its status: 201 new, 200 an identical re-post."""
+    METRICS.commits.labels("created" if created else "repeated").inc()
+    return 201 if created else 200
+
+
+def outcome(answer: Recorded | BaseException) -> CommitOutcome:
+    """One commit's answer within a batch: the status it would have had alone, and its record or error."""
+    if isinstance(answer, ApiError):
+        return CommitOutcome(status=answer.status, error=error_model(answer.code, answer.detail))
+    if isinstance(answer, BaseException):  # an IntegrityError: a concurrent request inserted the same copy
+        return CommitOutcome(status=409, error=error_model("conflict", CONCURRENT_CHANGE))
+    record, created = answer
+    return CommitOutcome(status=commit_status(created), record=record)
+
+
+async def register_attempt(
+    writes: WriteBatcher, job: str, node: str, body: AttemptRequest | None, key: str | None
+) -> AttemptInfo:
+    """Number a new start of `node` in `job` in the next group transaction (see `restarts.start_attempt`)."""
+    resumed: Position | None = body.resumed_from.to_position() if body and body.resumed_from else None
+    at_least = body.at_least if body else None
+
+    def register(session: Session) -> AttemptInfo:
+        row = records.lock_job(session, job)
+        attempt = restarts.start_attempt(session, row, node, resumed, at_least=at_least, request_key=key)
+        return restarts.attempt_info(row, attempt)
+
+    return await writes.run(job, register, defers_inserts=True, attempts_of=(node, key))

@@ -32,6 +32,7 @@ __all__ = [
     "StorageUnavailableError",
     "ConfigurationError",
     "ResumeRefusedError",
+    "ResumeDriftError",
     "ServiceError",
     "ServiceUnavailableError",
     "RequestRejectedError",
@@ -100,6 +101,18 @@ class ResumeRefusedError(CkptStoreError):
 
     def __reduce__(self) -> tuple[type[ResumeRefusedError], tuple[str]]:
         """Picklable (torch.distributed sends a rank's exception to the others); the copies stay behind."""
+        return type(self), (str(self),)
+
+
+class ResumeDriftError(CkptStoreError):
+    """resume_check="raise": the restore's audit found the live run differs from the saved one;
+    `differences` names each way, and nothing was assigned."""
+
+    def __init__(self, message: str, *, differences: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.differences = differences
+
+    def __reduce__(self) -> tuple[type[ResumeDriftError], tuple[str]]:
         return type(self), (str(self),)
 
 

@@ -30,6 +30,7 @@ EventType = Literal[
     "job.updated",
     "job.deleted",
     "attempt.started",
+    "resume.audited",
     "checkpoint.committed",
     "position.good",
     "copy.marked",

@@ -16,6 +16,7 @@ from ckptstore.position import POSITION_LIMIT, Position
 from ckptstore.retention import RetentionPolicy
 
 __all__ = [
+    "RequestModel",
     "Name",
     "AttemptId",
     "Count",
@@ -25,6 +26,7 @@ __all__ = [
     "JobInfo",
     "AttemptRequest",
     "AttemptInfo",
+    "ResumeAudit",
     "CommitRequest",
     "NodeCommit",
     "CommitBatch",
@@ -38,14 +40,6 @@ __all__ = [
     "NodeLocation",
     "NotGood",
     "LastGood",
-    "HealthReport",
-    "NodeHealth",
-    "ProbeResult",
-    "JobHealth",
-    "StatsAction",
-    "StatsReport",
-    "StatsRow",
-    "StatsSummary",
     "PlannedDeletion",
     "RetentionPlan",
     "ErrorBody",
@@ -55,7 +49,6 @@ __all__ = [
     "ResumeReport",
     "ResumeAgreement",
     "CopyInfo",
-    "ReplicationLag",
 ]
 
 Name = Annotated[
@@ -80,11 +73,13 @@ DELETED_ON_PURPOSE: tuple[MarkCause, ...] = (*RETENTION_CAUSES, "fit_finished") 
 MAX_NODES = 4096
 
 
-class _Request(BaseModel):
+class RequestModel(BaseModel):
+    """What a client sends: an unknown field is refused, not ignored."""
+
     model_config = ConfigDict(extra="forbid")
 
 
-class PositionBody(_Request):
+class PositionBody(RequestModel):
     epoch: Count
     batch: Count | None = None
 
@@ -96,7 +91,7 @@ class PositionBody(_Request):
         return None if position is None else cls(epoch=position.epoch, batch=position.batch)
 
 
-class RetentionSpec(_Request):
+class RetentionSpec(RequestModel):
     keep_last: int | None = Field(default=None, ge=1, le=10**6)
     keep_every: int | None = Field(default=None, ge=1, le=10**6)
     keep_best: int | None = Field(default=None, ge=1, le=10**6)
@@ -113,7 +108,7 @@ class RetentionSpec(_Request):
         return RetentionPolicy(**self.model_dump())
 
 
-class JobSpec(_Request):
+class JobSpec(RequestModel):
     nodes: list[Name] = Field(min_length=1, max_length=MAX_NODES)
     storage_root: str | None = Field(default=None, min_length=1, max_length=1024)
     local_root: str | None = Field(
@@ -143,7 +138,7 @@ class JobInfo(BaseModel):
     updated_at: float
 
 
-class AttemptRequest(_Request):
+class AttemptRequest(RequestModel):
     resumed_from: PositionBody | None = None
     at_least: int | None = Field(
         default=None,
@@ -154,7 +149,7 @@ class AttemptRequest(_Request):
     )
 
 
-class SkippedCopy(_Request):
+class SkippedCopy(RequestModel):
     """A copy a restore passed over, and why (the restart history shows it)."""
 
     epoch: Count
@@ -165,11 +160,20 @@ class SkippedCopy(_Request):
     reason: str = Field(max_length=1000)
 
 
-class ResumeReport(_Request):
+class ResumeReport(RequestModel):
     """Where a process resumed from, after verifying its part there, and what it skipped on the way."""
 
     resumed_from: PositionBody | None
     skipped: list[SkippedCopy] = Field(default_factory=list, max_length=1000)
+
+
+class ResumeAudit(RequestModel):
+    """A restore's audit (ckptstore.fingerprint): the saved run's fingerprint against the live one —
+    `exact`, or `drift` with every difference named."""
+
+    position: PositionBody | None
+    verdict: Literal["exact", "drift"]
+    differences: list[Annotated[str, Field(max_length=1000)]] = Field(default_factory=list, max_length=200)
 
 
 class AttemptInfo(BaseModel):
@@ -180,6 +184,7 @@ class AttemptInfo(BaseModel):
     skipped: list[SkippedCopy] = Field(default_factory=list)
     started_at: float
     resumed_at: float | None = None
+    audit: ResumeAudit | None = None
 
 
 class ResumeAgreement(BaseModel):
@@ -191,7 +196,7 @@ class ResumeAgreement(BaseModel):
     waiting: list[str]
 
 
-class CommitRequest(_Request):
+class CommitRequest(RequestModel):
     epoch: Count
     batch: Count | None = None
     attempt: AttemptId
@@ -240,7 +245,7 @@ class NodeCommit(CommitRequest):
     node: Name
 
 
-class CommitBatch(_Request):
+class CommitBatch(RequestModel):
     """Several commits of one job in one request (re-posting after an outage, reindex)."""
 
     commits: list[NodeCommit] = Field(min_length=1, max_length=COMMIT_BATCH_LIMIT)
@@ -254,7 +259,7 @@ class CommitOutcome(BaseModel):
     error: ErrorBody | None = None
 
 
-class MarkRequest(_Request):
+class MarkRequest(RequestModel):
     """Mark one attempt (default: the newest) of a node's position; on one tier, or on every tier."""
 
     epoch: Count
@@ -295,69 +300,6 @@ class LastGood(BaseModel):
     resume: PositionBody | None
     nodes: dict[str, NodeLocation]
     not_good: list[NotGood]
-
-
-class HealthReport(_Request):
-    cp_accessible: bool
-    latency_ms: float | None = Field(default=None, ge=0, le=10**9, allow_inf_nan=False)
-    error: str | None = Field(default=None, max_length=2000)
-
-
-class ReplicationLag(BaseModel):
-    """A node's local copies not yet on the durable tier: how many, and how long the oldest has waited."""
-
-    pending: int
-    oldest_pending_seconds: float | None
-    newest_local: PositionBody | None
-    newest_durable: PositionBody | None
-
-
-class NodeHealth(BaseModel):
-    node: str
-    cp_accessible: bool | None
-    latency_ms: float | None
-    error: str | None
-    reported_at: float | None
-    stale: bool
-    replication: ReplicationLag | None = None
-
-
-class ProbeResult(BaseModel):
-    cp_accessible: bool
-    latency_ms: float | None
-    error: str | None
-
-
-class JobHealth(BaseModel):
-    job: str
-    nodes: list[NodeHealth]
-    probe: ProbeResult | None = None
-
-
-StatsAction = Literal["save", "load", "restore", "verify", "delete", "blocked"]
-
-
-class StatsReport(_Request):
-    node: Name
-    action: StatsAction
-    seconds: float = Field(ge=0, le=10**7, allow_inf_nan=False)
-    bytes: int | None = Field(default=None, ge=0, lt=2**62)
-
-
-class StatsRow(BaseModel):
-    action: str
-    node: str
-    count: int
-    mean: float
-    p50: float
-    p95: float
-    max: float
-    bytes: int
-
-
-class StatsSummary(BaseModel):
-    job: str
-    rows: list[StatsRow]
 
 
 class PlannedDeletion(BaseModel):

@@ -12,15 +12,14 @@ import os
 import sys
 from collections.abc import Callable
 
+from client.checkpoint_commands import cmd_copy, cmd_diff, cmd_inspect
 from client.commands import (
     EXIT_FAILURE,
     EXIT_NOT_FOUND,
     EXIT_USAGE,
     NothingFound,
-    cmd_copy,
     cmd_epochs,
     cmd_gc,
-    cmd_inspect,
     cmd_jobs,
     cmd_last_good,
     cmd_reindex,
@@ -147,6 +146,18 @@ def build_parser() -> argparse.ArgumentParser:
     watch.add_argument("--since", type=int, default=None, help="start after this event id (default: from now on)")
     watch.add_argument("--types", default=None, help="comma-separated event types, e.g. position.good,copy.marked")
     watch.add_argument("--count", type=_positive, default=None, help="stop after this many events (1 or more)")
+
+    diff = add(
+        "diff",
+        cmd_diff,
+        "compare two checkpoints' fingerprints: what changed between the runs that wrote them (exit 1 if anything)",
+        service,
+        output,
+    )
+    diff.add_argument("job")
+    diff.add_argument("a", help="a position (EPOCH or EPOCH:BATCH) or a checkpoint location")
+    diff.add_argument("b", help="the other one, the same way")
+    diff.add_argument("--node", default=None, help="whose copies (default: the job's only node, or any)")
 
     inspect = add("inspect", cmd_inspect, "show a checkpoint's manifest: tensors, shapes, dtypes, sizes", output)
     inspect.add_argument("uri", help="checkpoint location, e.g. s3://ckpt/runs/mnist/worker-0/0000000005/3")

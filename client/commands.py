@@ -27,10 +27,11 @@ __all__ = [
     "cmd_verify",
     "cmd_gc",
     "cmd_reindex",
-    "cmd_copy",
-    "cmd_inspect",
     "cmd_watch",
     "printable",
+    "output",
+    "progress_bar",
+    "service_client",
 ]
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_NOT_FOUND = 0, 1, 2, 3
@@ -49,7 +50,7 @@ def printable(text: str) -> str:
     return "".join(c if c.isprintable() or c == " " else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
-def _emit(args: argparse.Namespace, data: Any, text: Callable[[], list[str]]) -> None:
+def output(args: argparse.Namespace, data: Any, text: Callable[[], list[str]]) -> None:
     if args.json:
         print(json.dumps(data, indent=2, default=str))
     else:
@@ -70,7 +71,7 @@ def _position(epoch: int | None, batch: int | None = None) -> str:
 
 
 @contextmanager
-def _progress(total: int, what: str) -> Iterator[Callable[[int], object]]:
+def progress_bar(total: int, what: str) -> Iterator[Callable[[int], object]]:
     """A byte progress bar on stderr when it is a terminal; a no-op callback otherwise."""
     if not sys.stderr.isatty():
         yield lambda n: None
@@ -81,7 +82,7 @@ def _progress(total: int, what: str) -> Iterator[Callable[[int], object]]:
         yield bar.update
 
 
-def _client(args: argparse.Namespace):
+def service_client(args: argparse.Namespace):
     from client.service import ServiceClient
 
     return ServiceClient(args.url, token=args.token)
@@ -93,10 +94,10 @@ def _client(args: argparse.Namespace):
 def cmd_jobs(args: argparse.Namespace) -> int:
     if args.action == "declare":
         return cmd_declare(args)
-    with _client(args) as client:
+    with service_client(args) as client:
         jobs = client.list_jobs(limit=args.limit, offset=args.offset)
     rows = [j.model_dump(mode="json") for j in jobs]
-    _emit(
+    output(
         args,
         rows,
         lambda: (
@@ -114,7 +115,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 def cmd_declare(args: argparse.Namespace) -> int:
     nodes = [f"node-{i}" for i in range(int(args.nodes))] if args.nodes.isdigit() else args.nodes.split(",")
     retention = None if args.keep_last is None else {"keep_last": args.keep_last}
-    with _client(args) as client:
+    with service_client(args) as client:
         info = client.put_job(
             args.job, nodes, storage_root=args.storage_root, local_root=args.local_root, retention=retention
         )
@@ -123,7 +124,7 @@ def cmd_declare(args: argparse.Namespace) -> int:
         if args.nodes.isdigit()
         else ""
     )
-    _emit(
+    output(
         args,
         info.model_dump(mode="json"),
         lambda: [f"{info.job}: nodes {', '.join(info.nodes)}; storage {info.storage_root}{hint}"],
@@ -134,10 +135,10 @@ def cmd_declare(args: argparse.Namespace) -> int:
 def cmd_epochs(args: argparse.Namespace) -> int:
     from client.operations import iter_records
 
-    with _client(args) as client:
+    with service_client(args) as client:
         client.get_job(args.job)  # 404 → exit 3 even when the job has no checkpoint yet
         records = list(iter_records(client, args.job, node=args.node))
-    _emit(
+    output(
         args,
         [r.model_dump(mode="json") for r in records],
         lambda: (
@@ -153,7 +154,7 @@ def cmd_epochs(args: argparse.Namespace) -> int:
 
 
 def cmd_last_good(args: argparse.Namespace) -> int:
-    with _client(args) as client:
+    with service_client(args) as client:
         answer = client.last_good_epoch(args.job, max_epoch=args.max_epoch)
 
     def text() -> list[str]:
@@ -173,7 +174,7 @@ def cmd_last_good(args: argparse.Namespace) -> int:
         ]
         return lines
 
-    _emit(args, answer.model_dump(mode="json"), text)
+    output(args, answer.model_dump(mode="json"), text)
     if answer.epoch is not None or answer.resume is not None:
         return EXIT_OK
     if _deleted_on_purpose(args):  # a finished job, not one without a good position yet
@@ -187,7 +188,7 @@ def _deleted_on_purpose(args: argparse.Namespace) -> bool:
     from ckptstore.schema import DELETED_ON_PURPOSE
     from client.operations import iter_records
 
-    with _client(args) as client:
+    with service_client(args) as client:
         records = list(iter_records(client, args.job))
     return bool(records) and all(r.state == "deleted" and r.cause in DELETED_ON_PURPOSE for r in records)
 
@@ -198,9 +199,9 @@ def _deleted_on_purpose(args: argparse.Namespace) -> bool:
 def cmd_verify(args: argparse.Namespace) -> int:
     from client.operations import iter_records, verify_job
 
-    with _client(args) as client:
+    with service_client(args) as client:
         records = list(iter_records(client, args.job, epoch=args.epoch, state="committed"))
-        with _progress(sum(r.bytes for r in records), "verify") as progress:
+        with progress_bar(sum(r.bytes for r in records), "verify") as progress:
             checked = verify_job(client, args.job, records, tier=args.tier, progress=progress)
     if not checked:
         at = "" if args.epoch is None else f" at epoch {args.epoch}"
@@ -237,17 +238,17 @@ def cmd_verify(args: argparse.Namespace) -> int:
         )
         return lines
 
-    _emit(args, rows, text)
+    output(args, rows, text)
     return EXIT_FAILURE if any(not c.report.ok for c in checked) else EXIT_OK
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
     from client.operations import apply_retention
 
-    with _client(args) as client:
+    with service_client(args) as client:
         deletions = apply_retention(client, args.job, dry_run=args.dry_run)
     verb = "would delete" if args.dry_run else "deleted"
-    _emit(
+    output(
         args,
         [d.model_dump(mode="json") | {"position": _position(d.epoch, d.batch)} for d in deletions],
         lambda: (
@@ -260,7 +261,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
 def cmd_reindex(args: argparse.Namespace) -> int:
     from client.operations import reindex
 
-    with _client(args) as client:
+    with service_client(args) as client:
         results = reindex(client, args.root, check=args.check)
     rows = [
         {
@@ -288,62 +289,9 @@ def cmd_reindex(args: argparse.Namespace) -> int:
             lines += [f"  refused (an attempt id no counter can follow): {location}" for location in r.refused]
         return lines or [f"no job under {args.root}"]
 
-    _emit(args, rows, text)
+    output(args, rows, text)
     differences = any(r.differences for r in results)
     return EXIT_FAILURE if args.check and differences else EXIT_OK
-
-
-def cmd_copy(args: argparse.Namespace) -> int:
-    from client.operations import copy
-
-    with _progress(0, "copy") as progress:
-        results = copy(args.src, args.dst, progress=progress)
-    copied = [(c, c.destination) for c in results if c.destination is not None]
-    failed = [c for c in results if c.destination is None]
-    _emit(
-        args,
-        [
-            {"source": c.source, "destination": d and d.location, "bytes": d and d.bytes, "error": c.error}
-            for c, d in [(c, c.destination) for c in results]
-        ],
-        lambda: (
-            [f"{c.source} -> {d.location} (verified)" for c, d in copied]
-            + [f"{c.source} NOT COPIED: {c.error}" for c in failed]
-            + [
-                f"{len(copied)} checkpoints copied, {sum(d.bytes for _, d in copied)} bytes"
-                + (f"; {len(failed)} not copied (their source does not verify)" if failed else "")
-            ]
-        ),
-    )
-    return EXIT_FAILURE if failed else EXIT_OK
-
-
-def cmd_inspect(args: argparse.Namespace) -> int:
-    from ckptstore import Store
-    from ckptstore.errors import CorruptCheckpointError
-    from client.operations import split_location
-
-    root, job, copy = split_location(args.uri)
-    if copy is None:
-        raise ValueError(f"{args.uri!r} is not a checkpoint location <root>/<job>/<node>/<position>/<attempt>")
-    try:
-        manifest = Store(root).manifest(copy)
-    except CorruptCheckpointError as exc:  # a manifest that does not verify: that copy is not committed
-        raise NothingFound(f"{args.uri} is not committed: {exc}") from None
-
-    def text() -> list[str]:
-        lines = [
-            f"{job}/{copy.node} position {manifest.position} attempt {manifest.attempt} step {manifest.step}",
-            f"{len(manifest.tensors)} tensors in {len(manifest.shards)} shards, {manifest.total_bytes} bytes, "
-            f"created {manifest.created_at}",
-        ]
-        lines += [f"  {t.name:40s} {t.dtype:5s} {list(t.shape)!s:20s} {t.nbytes} B" for t in manifest.tensors]
-        if manifest.metadata:
-            lines.append(f"metadata: {json.dumps(manifest.metadata)}")
-        return lines
-
-    _emit(args, json.loads(manifest.to_json()), text)
-    return EXIT_OK
 
 
 # -- events ------------------------------------------------------------------------------------
@@ -366,7 +314,7 @@ def _event_line(event: Any) -> str:
 def cmd_watch(args: argparse.Namespace) -> int:
     types = [t.strip() for t in args.types.split(",") if t.strip()] if args.types else None
     seen = 0
-    with _client(args) as client:
+    with service_client(args) as client:
         client.ping()  # a service that never answers is one line and exit 1, not silence
         try:
             for event in client.events(args.job, after=args.since, types=types):

@@ -2,12 +2,15 @@
 
 Same arguments and defaults where they apply (`backup_dir`, `save_freq`, `delete_checkpoint`),
 plus `service=`, `storage=`, `job=`, `node=`. It saves model variables (including dropout RNG
-state), optimizer variables and the position, never overwriting a checkpoint in place.
+state), optimizer variables, the position and the process-wide RNGs (client/global_rng.py: the
+torch and JAX backends shuffle `fit`'s arrays with them), never overwriting a checkpoint in place.
 
 Exact mid-epoch resume with `save_freq=<int>`: `fit` reads `model._initial_epoch` right after
 `on_train_begin` and looks `model.train_function` up for every call, so for the first resumed epoch
 the callback installs a function that only advances the data iterator over the batches already
-trained, then puts the original back. This is exact for in-memory arrays and for `tf.data`
+trained, then puts the original back — the RNGs as the epoch began first, so the epoch's order is
+drawn again, and as saved once the batches are skipped. This is exact for in-memory arrays (shuffled
+or not, on every backend) and for `tf.data`
 pipelines that are deterministic and unshuffled (or shuffled with a fixed seed and
 `reshuffle_each_iteration=False`); a pipeline that reshuffles differently after a restart sees
 different batches — fix its seed, or use `save_freq="epoch"`.
@@ -24,6 +27,7 @@ import numpy as np
 
 from ckptstore import Position
 from ckptstore.errors import CkptStoreError
+from client import global_rng
 from client.loop import CheckpointManager
 from client.node import NodeCheckpointer
 from client.options import CheckpointOptions
@@ -63,6 +67,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         self._epoch = 0
         self._skip_batches = 0
         self._next_save_at = 0
+        self._rng_after_skip: dict[str, Any] | None = None
 
     # -- restore -------------------------------------------------------------------------------
 
@@ -84,13 +89,21 @@ class BackupAndRestore(keras.callbacks.Callback):
         if not self.model.built:
             raise ValueError("BackupAndRestore needs a built model: call it on a batch (or build it) before fit()")
         self.manager.objects = self._objects()
+        self.manager.data = {"fit": {"type": "keras fit", "steps": self.params.get("steps")}}
         self.model._initial_epoch = self.manager.restore_or_initialize()
         position = self.resume_position
+        self._rng_after_skip = None
         if position is not None and position.batch is not None:
             self._skip_batches = position.batch
+            if self.manager.restored_epoch_rng is not None:
+                # The epoch's data order is drawn again from the RNGs as it began; the saved ones come
+                # back once the batches already trained are skipped.
+                self._rng_after_skip = global_rng.capture()
+                global_rng.restore(self.manager.restored_epoch_rng)
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         self._epoch = epoch
+        self.manager.epoch_rng = global_rng.capture()
         self._next_save_at = self.save_freq if isinstance(self.save_freq, int) else 0
         if self._skip_batches and self.resume_position is not None and epoch == self.resume_position.epoch:
             self._install_skipper(self._skip_batches)
@@ -112,6 +125,7 @@ class BackupAndRestore(keras.callbacks.Callback):
                 remainder,
             )
         if calls == 0:
+            self._skipped()
             return
         print(
             f"ckptstore: epoch {self._epoch} (Keras' {self._epoch + 1}): its first {calls * per_call} batches were "
@@ -134,9 +148,16 @@ class BackupAndRestore(keras.callbacks.Callback):
             left[0] -= 1
             if left[0] == 0:
                 model.train_function = original
+                self._skipped()
             return ({}, state[0]) if state else {}
 
         model.train_function = skip
+
+    def _skipped(self) -> None:
+        """The batches trained before the restart are skipped: the RNGs as saved come back."""
+        if self._rng_after_skip is not None:
+            global_rng.restore(self._rng_after_skip)
+            self._rng_after_skip = None
 
     # -- save ----------------------------------------------------------------------------------
 

@@ -1,11 +1,15 @@
 """`CheckpointManager` for custom training loops (TF 2 / Keras 3 objects).
 
+batches = iter(dataset.repeat())             # one iterator for the whole run: its state is saved
 mgr = CheckpointManager(service=..., storage=..., job="gan",
-                        objects={"model": model, "optimizer": opt}, max_to_keep=3)
+                        objects={"model": model, "optimizer": opt, "data": batches}, max_to_keep=3)
 start = mgr.restore_or_initialize()          # next epoch to run (0 on a fresh job)
 for epoch in range(start, EPOCHS):
-    train_one_epoch()
+    train_one_epoch(batches)                  # draws steps_per_epoch batches with next(batches)
     mgr.save(epoch)                           # async by default; mgr.wait() blocks
+
+A tf.data iterator in `objects` is saved with its position, shuffle buffer and reshuffling seeds
+(client/tf_data.py), so a reshuffling pipeline resumes on the batches the uninterrupted run draws.
 """
 
 from __future__ import annotations
@@ -18,10 +22,13 @@ from typing import Any
 
 import numpy as np
 
+from ckptstore.fingerprint import FINGERPRINT_KEY
+from client import global_rng
 from client.manager import LoopManager
 from client.options import CheckpointOptions
 from client.state import (
     RestoreReport,
+    StateMismatchError,
     collect_variables,
     describe,
     host_views,
@@ -29,8 +36,13 @@ from client.state import (
     restore_arrays,
     staging_layout,
 )
+from client.tf_data import is_iterator, iterator_fingerprint, iterator_state, restore_iterator
+from client.tf_fingerprint import fingerprint
 
 __all__ = ["CheckpointManager"]
+
+ITERATOR = "iterator"  # the array a tf.data iterator's state is saved as (`<name>/iterator`)
+RNG, EPOCH_RNG = "rng", "rng_epoch_start"  # the global RNGs (client/global_rng.py) now, and as the epoch began
 
 
 def _build_optimizers(objects: Mapping[str, Any]) -> None:
@@ -65,21 +77,55 @@ class CheckpointManager(LoopManager):
     def __init__(self, *, objects: Mapping[str, Any], options: CheckpointOptions | None = None, **settings: Any):
         super().__init__(options=options, **settings)
         self.objects = dict(objects)
+        self.data: dict[str, dict[str, Any]] = {}  # data positions a wrapper describes (the Keras fit's steps)
+        self.epoch_rng: dict[str, Any] | None = None  # the global RNGs as the epoch began (set by the Keras callback)
+        self.restored_epoch_rng: dict[str, Any] | None = None  # the same, of the checkpoint restored
         self.restore_report: RestoreReport | None = None
         self._staging_warm_up: threading.Thread | None = None
 
+    @property
+    def _holders(self) -> dict[str, Any]:
+        """The objects that hold variables (every one but the tf.data iterators)."""
+        return {name: obj for name, obj in self.objects.items() if not is_iterator(obj)}
+
+    @property
+    def _iterators(self) -> dict[str, Any]:
+        return {name: obj for name, obj in self.objects.items() if is_iterator(obj)}
+
     def _apply(self, arrays: Mapping[str, np.ndarray], metadata: Mapping[str, Any]) -> None:
+        iterators = self._iterators
+        missing = [name for name in iterators if f"{name}/{ITERATOR}" not in arrays]
+        if missing and self.options.strict:
+            raise StateMismatchError(f"the checkpoint has no state for the tf.data iterator(s) {missing}")
         with _strategy_scope(self.objects):
-            _build_optimizers(self.objects)
+            _build_optimizers(self._holders)
             self.restore_report = restore_arrays(
-                collect_variables(self.objects), arrays, strict=self.options.strict, saved=metadata.get("variables")
+                collect_variables(self._holders),
+                {k: v for k, v in arrays.items() if not k.endswith(f"/{ITERATOR}")},
+                strict=self.options.strict,
+                saved=metadata.get("variables"),
             )
+        for name, iterator in iterators.items():
+            if name not in missing:
+                restore_iterator(iterator, arrays[f"{name}/{ITERATOR}"])
+        if RNG in metadata:
+            global_rng.restore(metadata[RNG])
+        self.restored_epoch_rng = metadata.get(EPOCH_RNG)
+
+    def _live_fingerprint(self, arrays: Mapping[str, np.ndarray], metadata: Mapping[str, Any]) -> dict[str, Any]:
+        with _strategy_scope(self.objects):
+            _build_optimizers(self._holders)
+        return self._fingerprint(describe(collect_variables(self._holders)))
+
+    def _fingerprint(self, described: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+        data = {name: iterator_fingerprint(iterator) for name, iterator in self._iterators.items()} | self.data
+        return fingerprint(self._holders, described, data)
 
     def _started(self) -> None:
         """With async saves, allocate the staging buffers on a thread while the first epoch trains."""
         if not (self.checkpointer.async_save and self.checkpointer.writes):
             return
-        layout = staging_layout(collect_variables(self.objects))
+        layout = staging_layout(collect_variables(self._holders))
         self._staging_warm_up = threading.Thread(
             target=prepare_staging, args=(layout, self._staging), name="ckptstore-staging", daemon=True
         )
@@ -89,8 +135,15 @@ class CheckpointManager(LoopManager):
         if self._staging_warm_up is not None:
             self._staging_warm_up.join()
             self._staging_warm_up = None
-        variables = collect_variables(self.objects)
-        return host_views(variables), {"variables": describe(variables)}
+        variables = collect_variables(self._holders)
+        views = host_views(variables)
+        for name, iterator in self._iterators.items():
+            views[f"{name}/{ITERATOR}"] = iterator_state(iterator)
+        described = describe(variables)
+        metadata = {"variables": described, FINGERPRINT_KEY: self._fingerprint(described), RNG: global_rng.capture()}
+        if self.epoch_rng is not None:
+            metadata[EPOCH_RNG] = self.epoch_rng
+        return views, metadata
 
     def __enter__(self) -> CheckpointManager:
         return self

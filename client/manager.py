@@ -12,10 +12,14 @@ from typing import Any
 import numpy as np
 
 from ckptstore import Position, tracing
+from ckptstore.copies import Restored
+from ckptstore.schema import ResumeAudit
+from client.audit import audit, mid_epoch_without_data, refuse_drift
 from client.identity import NodeIdentity
 from client.node import NodeCheckpointer
 from client.options import CheckpointOptions
 from client.preemption import PreemptionNotice
+from client.restore import Restorer
 from client.state import snapshot_arrays
 
 __all__ = ["LoopManager"]
@@ -34,6 +38,7 @@ class LoopManager:
         self.options = options if options is not None else CheckpointOptions.resolve(**settings)
         self.checkpointer = NodeCheckpointer(self.options, identity=identity)
         self.resume_position: Position | None = None
+        self.audit: ResumeAudit | None = None  # the last restore's resume audit (None: none, or resume_check="off")
         self.preemption = PreemptionNotice(self.options.preemption_budget_s)
         self._staging: dict[str, np.ndarray] = {}  # host buffers an async save writes from, reused
 
@@ -47,6 +52,15 @@ class LoopManager:
     def _apply(self, arrays: Mapping[str, np.ndarray], metadata: Mapping[str, Any]) -> None:
         """Put a verified checkpoint's arrays back into the state."""
         raise NotImplementedError
+
+    def _live_fingerprint(self, arrays: Mapping[str, np.ndarray], metadata: Mapping[str, Any]) -> dict[str, Any]:
+        """The live run's fingerprint (ckptstore.fingerprint), to audit a restore of the checkpoint with
+        `arrays` and `metadata` against, before anything is assigned."""
+        raise NotImplementedError
+
+    def _gather(self, *, collective: bool) -> None:
+        """Called on every process as a save begins, writer or not (`collective`: the processes are all
+        saving now, so a collective may run)."""
 
     def _started(self) -> None:
         """Called once the start is over (restored or fresh)."""
@@ -64,17 +78,46 @@ class LoopManager:
         restored = self.checkpointer.start()
         if restored is not None:
             checkpoint = restored.checkpoint
+            self.audit = self._audit(restored)
             with tracing.span(
                 "ckptstore.restore.assign", **self._where(restored.copy.position), bytes=checkpoint.manifest.total_bytes
             ):
                 self._apply(checkpoint.arrays, checkpoint.manifest.metadata)
-            self.checkpointer.resumed(restored, time.perf_counter() - started)
+            self.checkpointer.resumed(restored, time.perf_counter() - started, self.audit)
         self.resume_position = None if restored is None else restored.copy.position
         self._started()
         position = self.resume_position
         if position is None:
             return 0
         return position.epoch + 1 if position.is_end_of_epoch else position.epoch
+
+    def _audit(self, restored: Restored) -> ResumeAudit | None:
+        """The restore's resume audit (client/audit.py), recorded with the attempt; under
+        resume_check="raise" a drift refuses here, before anything is assigned."""
+        if self.options.resume_check == "off":
+            return None
+        report = self._audit_of(restored)
+        self.checkpointer.report_audit(report)
+        if self.options.resume_check == "raise":
+            refuse_drift(report, self.checkpointer.job, self.checkpointer.node)
+        return report
+
+    def _audit_of(self, restored: Restored) -> ResumeAudit:
+        checkpoint, position = restored.checkpoint, restored.copy.position
+        live = self._live_fingerprint(checkpoint.arrays, checkpoint.manifest.metadata)
+        mid_epoch_without_data(position, live)
+        return audit(position, checkpoint.manifest.metadata, live)
+
+    def check_restore(self) -> ResumeAudit | None:
+        """The audit of the restore a start would make now — the same copy, verified, against the live
+        objects — changing nothing: no attempt is registered, nothing is marked or assigned. None when
+        there is nothing to resume from."""
+        node = self.checkpointer
+        restorer = Restorer(
+            job=node.job, node=node.node, tiers=node.tiers, client=node.client, attempt=None, timeout_s=0
+        )
+        restored = restorer.preview()
+        return None if restored is None else self._audit_of(restored)
 
     def first_batch(self, epoch: int) -> int:
         """How many batches of `epoch` the restored state has already trained (0 unless resumed mid-epoch)."""
@@ -97,6 +140,7 @@ class LoopManager:
         saved: a process that does not write saves nothing, and a save that would wait behind one still
         retrying a failing storage is skipped (counted and said; training goes on)."""
         position = Position(epoch, batch)
+        self._gather(collective=not self.preemption.pending)
         # The staging buffers are free once the previous write is done: `ready` waits for it, or skips.
         if not self.checkpointer.writes or not self.checkpointer.ready(position):
             return False

@@ -34,7 +34,8 @@ from ckptstore.errors import (
     StorageUnavailableError,
 )
 from ckptstore.names import Tier, new_offline_attempt
-from ckptstore.schema import JobInfo, MarkCause, MarkState
+from ckptstore.schema import JobInfo, MarkCause, MarkState, ResumeAudit
+from client.audit import said
 from client.identity import NodeIdentity, resolve_identity
 from client.options import CheckpointOptions
 from client.replication import Replicator
@@ -42,7 +43,15 @@ from client.reports import Reports
 from client.restore import NothingToRestoreError, Restorer
 from client.retention import Retention, delete_copy
 from client.service import ServiceClient
-from client.startup import check_job, check_resume, declare_job, fresh_anyway, probe_tiers, record_unknown_copies
+from client.startup import (
+    check_job,
+    check_resume,
+    declare_job,
+    fresh_anyway,
+    highest_attempt_on_storage,
+    probe_tiers,
+    record_unknown_copies,
+)
 from client.wire import Commit, recordable
 from client.writer import SYNC_RETRY_S, BackgroundWriter, SaveCounts, write_retrying
 
@@ -142,7 +151,7 @@ class NodeCheckpointer:
             except ServiceUnavailableError as exc:
                 log.warning("service unreachable (%s): continuing with an offline attempt", exc)
         if self.attempt is None:
-            self.attempt = new_offline_attempt(self._highest_attempt_on_storage())
+            self.attempt = new_offline_attempt(highest_attempt_on_storage(self.tiers, self.job, self.node))
 
     def start(self) -> Restored | None:
         """Register, then find the newest intact copy to resume from, every byte verified (None on a
@@ -174,27 +183,23 @@ class NodeCheckpointer:
             self._replicator.resume()
         return restored
 
-    def resumed(self, restored: Restored, seconds: float) -> None:
-        """The restored state is in place: report the restore's time and say where it resumed from —
-        one line a user sees by default (not a log record at a level they may have hidden)."""
+    def resumed(self, restored: Restored, seconds: float, audit: ResumeAudit | None = None) -> None:
+        """The restored state is in place: report the restore's time and say where it resumed from, and
+        the resume audit's verdict — one line a user sees by default (not a log record at a level they
+        may have hidden), a drift's differences each on a line under it."""
         self.reports.stats("restore", seconds, restored.checkpoint.manifest.total_bytes)
         copy, skipped = restored.copy, "; ".join(str(s) for s in restored.skipped)
         print(
             f"ckptstore: {self.job}/{self.node} resumed from {copy.position} ({copy.tier} copy, attempt "
-            f"{copy.attempt}){'; skipped ' + skipped if skipped else ''}",
+            f"{copy.attempt}){'; skipped ' + skipped if skipped else ''}{'' if audit is None else said(audit)}",
             file=sys.stderr,
             flush=True,
         )
 
-    def _highest_attempt_on_storage(self) -> int:
-        """The highest attempt number on the tiers that answer (an offline id's random suffix keeps it unique)."""
-        highest = []
-        for tier, store in self.tiers.items():
-            try:
-                highest.append(store.highest_attempt(self.job, self.node))
-            except StorageUnavailableError as exc:
-                log.warning("the %s tier is away (%s): numbering this offline attempt without it", tier, exc)
-        return max(highest, default=0)
+    def report_audit(self, audit: ResumeAudit) -> None:
+        """Keep the restore's resume audit with this attempt on the service (in the background)."""
+        if self.attempt is not None and self.writes:
+            self.reports.audit(self.attempt, audit)
 
     # -- save ----------------------------------------------------------------------------------
 
@@ -288,12 +293,6 @@ class NodeCheckpointer:
             log.warning("checkpoint save skipped (%s); training continues", exc)
             self.reports.health(self.store.accessible(timeout=5))
 
-    def _retry_budget(self) -> float:
-        """How long a save may retry a failing storage: `save_timeout_s` in the background; a synchronous
-        save holds training, so at most SYNC_RETRY_S."""
-        timeout = self.options.save_timeout_s
-        return timeout if self._writer is not None else min(timeout, SYNC_RETRY_S)
-
     def _failing(self, exc: StorageUnavailableError) -> None:
         """A save's first try failed (it retries): cp_accessible is false now, said at once."""
         self.reports.health(AccessReport(False, None, str(exc)[:2000], exc.failure))
@@ -317,15 +316,15 @@ class NodeCheckpointer:
                     ref = self.local_store.write(copy.on("local"), arrays, step=step, metadata=metadata)
                 except StorageUnavailableError as exc:
                     log.warning("the local tier failed (%s): saving %s straight to the durable tier", exc, position)
-            if ref is None:
-                flight = None if self._writer is None else self._writer.in_flight
+            if ref is None:  # a synchronous save holds training: it retries SYNC_RETRY_S at most
+                flight, timeout = None if self._writer is None else self._writer.in_flight, self.options.save_timeout_s
                 ref = write_retrying(
                     self.store,
                     copy,
                     arrays,
                     step=step,
                     metadata=metadata,
-                    timeout_s=self._retry_budget(),
+                    timeout_s=timeout if self._writer is not None else min(timeout, SYNC_RETRY_S),
                     flight=flight,
                     on_first_failure=self._failing,
                 )

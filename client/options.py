@@ -29,6 +29,7 @@ __all__ = [
 ]
 
 OnError = Literal["warn", "raise"]
+ResumeCheck = Literal["warn", "raise", "off"]
 _NONE_IS_A_VALUE = frozenset({"max_to_keep"})
 
 
@@ -96,6 +97,10 @@ class CheckpointOptions:
     fresh_start: when intact copies of the job exist but none qualifies to resume from, train from
         scratch instead of raising ResumeRefusedError (default CKPTSTORE_FRESH_START; a position that
         qualifies is still resumed).
+    resume_check: what a restore does when its audit finds drift — the live run differs from the saved
+        one (docs/pytorch.md, "Resume audit"): "warn" says every difference once, loudly; "raise"
+        refuses with ResumeDriftError before anything is assigned; "off" audits nothing
+        (default CKPTSTORE_RESUME_CHECK, else "warn").
     save_timeout_s: how long one save may retry a storage that fails now before it is given up
         (skipped and counted); meanwhile later saves are skipped, never waited for. A synchronous
         save (async_save=False) holds training, so it retries 10 s at most.
@@ -117,6 +122,7 @@ class CheckpointOptions:
     nodes: int | list[str] | None = None
     strict: bool = True
     fresh_start: bool = False
+    resume_check: ResumeCheck = "warn"
     save_timeout_s: float = 120.0
     preemption_budget_s: float = 30.0
     restore_timeout_s: float = 600.0
@@ -135,6 +141,7 @@ class CheckpointOptions:
         given.setdefault("local_storage", os.environ.get("CKPTSTORE_LOCAL_STORAGE") or None)
         given.setdefault("service", service_url_from_env())
         given.setdefault("token", os.environ.get("CKPTSTORE_TOKEN") or None)
+        given.setdefault("resume_check", os.environ.get("CKPTSTORE_RESUME_CHECK") or "warn")
         given.setdefault("fresh_start", os.environ.get("CKPTSTORE_FRESH_START", "").lower() in ("1", "true", "yes"))
         if not given["job"]:
             raise ValueError("no job: pass job= or set CKPTSTORE_JOB")
@@ -169,6 +176,8 @@ class CheckpointOptions:
             check_service_url(url)
         if self.on_error not in ("warn", "raise"):
             raise ValueError(f"on_error must be 'warn' or 'raise', got {self.on_error!r}")
+        if self.resume_check not in ("warn", "raise", "off"):
+            raise ValueError(f"resume_check must be 'warn', 'raise' or 'off', got {self.resume_check!r}")
         if self.max_to_keep is not None and (
             isinstance(self.max_to_keep, bool) or not isinstance(self.max_to_keep, int) or self.max_to_keep < 1
         ):

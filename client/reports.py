@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 from ckptstore import AccessReport, CopyKey, tracing
 from ckptstore.errors import CheckpointNotFoundError, FencedError, ServiceUnavailableError
-from ckptstore.schema import MarkCause, MarkState, StatsAction
+from ckptstore.schema import MarkCause, MarkState, ResumeAudit
+from ckptstore.telemetry_schema import StatsAction
 from client.background import RetryingQueue
 from client.service import ServiceClient
 from client.wire import Commit
@@ -31,7 +32,7 @@ HEALTH_EVERY_S = 60.0
 class _Report:
     """One call to the service."""
 
-    kind: str  # "commit", "mark", "stats" or "health"
+    kind: str  # "commit", "mark", "audit", "stats" or "health"
     send: Callable[[], object]  # how it is sent alone (commits go by `_send_commits`)
     commit: Commit | None = None  # what a "commit" records
 
@@ -71,6 +72,10 @@ class Reports:
 
     def mark(self, copy: CopyKey, state: MarkState, *, cause: MarkCause, reason: str) -> None:
         self._put("mark", lambda c: c.mark(copy, state, cause=cause, reason=reason))
+
+    def audit(self, attempt: str, audit: ResumeAudit) -> None:
+        if "-" not in attempt:  # an offline attempt has no record to keep it with
+            self._put("audit", lambda c: c.report_audit(self.job, self.node, attempt, audit))
 
     def stats(self, action: StatsAction, seconds: float, nbytes: int) -> None:
         self._put("stats", lambda c: c.report_stats(self.job, self.node, action, seconds, nbytes=nbytes))

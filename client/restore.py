@@ -66,6 +66,20 @@ class Restorer:
                 log.warning("service unreachable (%s): finding the newest intact copy on storage", exc)
         return self._from_storage()
 
+    def preview(self) -> Restored | None:
+        """The copy `restore` would take now, verified, changing nothing: nothing is marked or
+        reported, and no other node is waited for (a dry run: `check_restore`)."""
+        if self.client is not None:
+            try:
+                position = self._resume_position(self.client)
+            except ServiceUnavailableError as exc:
+                log.warning("service unreachable (%s): finding the newest intact copy on storage", exc)
+            else:
+                if position is None:
+                    return None
+                return read_nearest_intact(self.tiers, self.job, self.node, position, deferred=True)
+        return self._from_storage()
+
     # -- with the service ------------------------------------------------------------------------
 
     def _with_service(self, client: ServiceClient) -> Restored | None:

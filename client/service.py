@@ -33,25 +33,21 @@ from ckptstore.schema import (
     CheckpointRecord,
     CommitBatch,
     CommitOutcome,
-    HealthReport,
-    JobHealth,
     JobInfo,
     JobSpec,
     LastGood,
     MarkCause,
     MarkRequest,
     MarkState,
-    NodeHealth,
     PositionBody,
     ResumeAgreement,
+    ResumeAudit,
     ResumeReport,
     RetentionPlan,
     RetentionSpec,
     SkippedCopy,
-    StatsAction,
-    StatsReport,
-    StatsSummary,
 )
+from ckptstore.telemetry_schema import HealthReport, JobHealth, NodeHealth, StatsAction, StatsReport, StatsSummary
 from client.events import follow
 from client.options import check_service_url, service_url_from_env, service_urls
 from client.wire import Commit, answer, batches, commit_request, raise_for
@@ -233,6 +229,15 @@ class ServiceClient:
             "PUT",
             self._node_path(job, node) + f"/attempts/{attempt_number(validate_attempt(attempt))}",
             body=body,
+            parse=AttemptInfo.model_validate,
+        )
+
+    def report_audit(self, job: str, node: str, attempt: str, audit: ResumeAudit) -> AttemptInfo:
+        """Record this attempt's resume audit (the service says it as `resume.audited`)."""
+        return self._call(
+            "PUT",
+            self._node_path(job, node) + f"/attempts/{attempt_number(validate_attempt(attempt))}/audit",
+            body=audit,
             parse=AttemptInfo.model_validate,
         )
 

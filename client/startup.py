@@ -56,6 +56,7 @@ __all__ = [
     "refuse_fresh_start",
     "explain_resume",
     "same_root",
+    "highest_attempt_on_storage",
 ]
 
 log = logging.getLogger("ckptstore.client")
@@ -270,3 +271,15 @@ def check_resume(node: NodeCheckpointer, restored: Restored | None) -> None:
             explain_resume(client, node.job, node.node, restored.copy.position, node.tiers)
         except (ServiceUnavailableError, StorageUnavailableError) as exc:
             log.debug("could not compare the resume position with this node's copies: %s", exc)
+
+
+def highest_attempt_on_storage(tiers: Mapping[Tier, Store], job: str, node: str) -> int:
+    """The highest attempt number of `node` on the tiers that answer (numbering an offline attempt:
+    its random suffix keeps it unique)."""
+    highest = []
+    for tier, store in tiers.items():
+        try:
+            highest.append(store.highest_attempt(job, node))
+        except StorageUnavailableError as exc:
+            log.warning("the %s tier is away (%s): numbering this offline attempt without it", tier, exc)
+    return max(highest, default=0)

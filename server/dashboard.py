@@ -13,7 +13,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from ckptstore.position import Position
-from ckptstore.schema import NodeHealth
+from ckptstore.telemetry_schema import NodeHealth
 from server.aggregate import (
     AGGREGATE_NODES,
     SHOWN_NODES,

@@ -8,7 +8,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from ckptstore.schema import ReplicationLag
+from ckptstore.telemetry_schema import ReplicationLag
 
 __all__ = ["METRICS", "Metrics", "replication_metrics"]
 

@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 
 from ckptstore.names import ATTEMPT_LIMIT
 from ckptstore.position import Position
-from ckptstore.schema import AttemptInfo, PositionBody, ResumeAgreement, ResumeReport, SkippedCopy
+from ckptstore.schema import AttemptInfo, PositionBody, ResumeAgreement, ResumeAudit, ResumeReport, SkippedCopy
 from server import held, queries
 from server.errors import ApiError
 from server.events import emit
@@ -143,6 +143,7 @@ def attempt_info(job: Job, attempt: Attempt) -> AttemptInfo:
         skipped=[SkippedCopy.model_validate(s) for s in attempt.skipped or []],
         started_at=attempt.started_at,
         resumed_at=attempt.resumed_at,
+        audit=None if attempt.audit is None else ResumeAudit.model_validate(attempt.audit),
     )
 
 
@@ -174,6 +175,25 @@ def report_resume(session: Session, job: Job, node: str, number: int, body: Resu
         reported=True,
         skipped=attempt.skipped,
         **_resumed(resumed),
+    )
+    return attempt
+
+
+def record_audit(session: Session, job: Job, node: str, number: int, body: ResumeAudit) -> Attempt:
+    """Keep attempt `number`'s resume audit (a later report replaces it) and say it: `resume.audited`."""
+    attempt = session.get(Attempt, (job.id, node, number))
+    if attempt is None:
+        raise ApiError.not_found(f"{node} has no attempt {number} in job {job.name!r}")
+    attempt.audit = body.model_dump(mode="json")
+    emit(
+        session,
+        "resume.audited",
+        job.name,
+        node=node,
+        position=None if body.position is None else body.position.to_position(),
+        attempt=str(number),
+        verdict=body.verdict,
+        differences=body.differences,
     )
     return attempt
 

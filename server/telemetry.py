@@ -10,15 +10,8 @@ from sqlalchemy.orm import Session
 
 from ckptstore.names import TIERS
 from ckptstore.position import Position
-from ckptstore.schema import (
-    HealthReport,
-    NodeHealth,
-    PositionBody,
-    ReplicationLag,
-    StatsReport,
-    StatsRow,
-    StatsSummary,
-)
+from ckptstore.schema import PositionBody
+from ckptstore.telemetry_schema import HealthReport, NodeHealth, ReplicationLag, StatsReport, StatsRow, StatsSummary
 from server.events import emit
 from server.models import Checkpoint, Health, Job, Stat
 

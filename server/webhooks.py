@@ -282,12 +282,14 @@ class WebhookDispatcher:
         delivery.last_attempt_at = now
         if error is None:
             delivery.status, delivery.delivered_at, delivery.last_error = "delivered", now, None
-            hook.cursor = event.id
+            hook.cursor = max(hook.cursor, event.id)  # a trim meanwhile may have moved it further
             return
+        if delivery.status == "failed":
+            return  # trimmed from the log while this try was in flight: that stays its reason
         delivery.last_error = error
         if now - event.time > self.settings.webhook_retry_seconds:
             delivery.status = "failed"
-            hook.cursor = event.id  # given up on: the next event's turn
+            hook.cursor = max(hook.cursor, event.id)  # given up on: the next event's turn
             log.warning(
                 "webhook %s: event %d given up after %d tries: %s", hook.name, event.id, delivery.attempts, error
             )

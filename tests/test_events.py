@@ -40,6 +40,7 @@ DATA = {  # the documented payload of each type (docs/rest.md, "Events")
     "job.deleted": set(),
     "attempt.started": {"attempt", "resumed_from"},
     "attempt.started/reported": {"attempt", "resumed_from", "reported", "skipped"},
+    "resume.audited": {"attempt", "verdict", "differences"},
     "node.fenced": {"attempt", "by"},
     "checkpoint.committed": {"attempt", "tier", "location", "bytes", "step"},
     "position.good": {"last_good_epoch", "durable", "nodes"},
@@ -66,6 +67,8 @@ def every_action(http: httpx.Client, root: str, job: str) -> None:
     assert http.post(f"/v1/jobs/{job}/nodes/n1/attempts", json={}).status_code == 201
     resume = {"resumed_from": None, "skipped": []}
     assert http.put(f"/v1/jobs/{job}/nodes/n0/attempts/2", json=resume).status_code == 200
+    audit = {"position": None, "verdict": "drift", "differences": ["optimizer: saved Adam, restoring into AdamW"]}
+    assert http.put(f"/v1/jobs/{job}/nodes/n0/attempts/2/audit", json=audit).status_code == 200
     for epoch in (0, 1):
         for node, attempt in (("n0", 2), ("n1", 1)):
             body = commit_body(local, job, node, epoch, attempt=attempt, tier="local")
@@ -96,6 +99,7 @@ EXPECTED = [
     ("node.fenced", "n0", None),
     ("attempt.started", "n1", None),
     ("attempt.started/reported", "n0", None),
+    ("resume.audited", "n0", None),
     ("checkpoint.committed", "n0", 0),
     ("checkpoint.committed", "n1", 0),
     ("position.good", None, 0),
@@ -129,7 +133,7 @@ def test_every_event_type_comes_from_its_action_with_the_documented_fields(servi
     assert ids == sorted(set(ids)), "ids grow"
     good = [e for e in events if e["type"] == "position.good"]
     assert [e["data"]["last_good_epoch"] for e in good] == [0, 1]
-    assert events[19]["data"] == {"cp_accessible": False, "previous": None, "error": "timeout", "latency_ms": 12.5}
+    assert events[20]["data"] == {"cp_accessible": False, "previous": None, "error": "timeout", "latency_ms": 12.5}
 
 
 def test_a_refused_write_emits_nothing(service, job_name):

@@ -49,7 +49,7 @@ def run_job(
         assert process.returncode == -9, stderr[-3000:]
         return stdout
     assert process.returncode == 0, stderr[-3000:]
-    return stdout + f"OUT {out}\n"
+    return stdout + f"STDERR {stderr}\nOUT {out}\n"
 
 
 def final(stdout: str) -> dict[str, np.ndarray]:
@@ -122,7 +122,7 @@ def ranks(
         stdout, stderr = process.communicate(timeout=300)
         if killed_rank is None:
             assert process.returncode == 0, stderr[-3000:]
-        outputs.append(stdout + f"OUT {out}\n")
+        outputs.append(stdout + f"STDERR {stderr}\nOUT {out}\n")
     return outputs
 
 

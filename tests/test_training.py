@@ -94,6 +94,24 @@ def test_keras_on_the_jax_and_pytorch_backends_resumes_mid_epoch_bit_equal(tmp_p
     assert_bit_equal(final_state(resumed), baseline(tmp_path, args, backend))
 
 
+@pytest.mark.parametrize("backend", ["jax", "torch", "tensorflow"])
+@pytest.mark.parametrize("kill", [(3, 6), (2, 0)], ids=["mid-epoch", "epoch-end"])
+def test_keras_as_users_write_it_shuffled_with_unseeded_dropout_resumes_bit_equal(
+    tmp_path, sqlite_service, backend, kill
+):
+    """The keras.io shape: fit(shuffle=True) — the torch backend shuffles with torch's global RNG, JAX's
+    with numpy's — and Dropout without a seed (on torch: torch's global RNG). Exact, and audited exact."""
+    args = ["--mode", "keras", "--save-freq", "4", "--as-users-write"]
+    common = job_args(
+        sqlite_service.storage, f"{backend}-{uuid.uuid4().hex[:8]}", *args, service=sqlite_service.live.url
+    )
+    run_job(tmp_path, *common, "--kill-epoch", str(kill[0]), "--kill-batch", str(kill[1]), killed=True, backend=backend)
+    resumed = run_job(tmp_path, *common, backend=backend)
+    assert resumed.splitlines()[0] == ("RESUMED 3 4" if kill[1] else "RESUMED 1 None")
+    assert "resume audit: exact" in resumed
+    assert_bit_equal(final_state(resumed), baseline(tmp_path, args, backend))
+
+
 def test_resume_on_s3_without_a_service(tmp_path, moto_s3):
     args = ["--mode", "keras", "--spe", "1"]
     common = job_args(f"s3://{moto_s3.bucket}/{uuid.uuid4().hex}", "s3job", *args, "--endpoint", moto_s3.endpoint_url)

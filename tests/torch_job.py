@@ -33,16 +33,27 @@ def data(rank: int) -> torch.utils.data.TensorDataset:
 
 
 def loader(kind: str, dataset: torch.utils.data.Dataset, seed: int):
-    """The plain DataLoader, or torchdata's StatefulDataLoader with two worker processes; both draw
-    their order from ckptstore's ResumableSampler. Each loader has a generator of its own: without
-    one, each epoch's iterator draws a seed from the global RNG, a draw that a mid-epoch resume
-    (which restores the RNG as of the save) would not replay."""
+    """The data pipeline, as users write it:
+    plain     the plain DataLoader over ckptstore's ResumableSampler, with a generator of its own;
+    stateful  torchdata's StatefulDataLoader over the same sampler, two worker processes;
+    docs      docs/pytorch.md's loop: DataLoader(dataset, batch_size, sampler=ResumableSampler(...));
+    shuffle   StatefulDataLoader(dataset, batch_size, shuffle=True) — torchdata's defaults;
+    shuffle-gen  the same with generator=torch.Generator();
+    unsaved   DataLoader(dataset, batch_size, shuffle=True), not in objects (not resumable: audited)."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
     from client.torch import ResumableSampler
 
+    if kind == "docs":
+        return torch.utils.data.DataLoader(dataset, batch_size=BATCH, sampler=ResumableSampler(dataset, seed=seed))
+    if kind == "shuffle":
+        return StatefulDataLoader(dataset, batch_size=BATCH, shuffle=True)
+    if kind == "shuffle-gen":
+        return StatefulDataLoader(dataset, batch_size=BATCH, shuffle=True, generator=torch.Generator())
+    if kind == "unsaved":
+        return torch.utils.data.DataLoader(dataset, batch_size=BATCH, shuffle=True)
     sampler = ResumableSampler(dataset, seed=seed)
     if kind == "stateful":
-        from torchdata.stateful_dataloader import StatefulDataLoader
-
         return StatefulDataLoader(
             dataset, batch_size=BATCH, sampler=sampler, generator=torch.Generator(), num_workers=2
         )
@@ -55,6 +66,7 @@ def final_state(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler) -
         for name, value in slots.items():
             state[f"optimizer/{index}/{name}"] = torch.as_tensor(value).numpy().copy()
     state["scheduler"] = np.frombuffer(json.dumps(scheduler.state_dict(), sort_keys=True).encode(), np.uint8)
+    state["rng/torch"] = torch.get_rng_state().numpy().copy()
     return state
 
 
@@ -65,7 +77,11 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--service", default=None)
     parser.add_argument("--endpoint", default=None, help="S3 endpoint (moto)")
-    parser.add_argument("--loader", choices=["plain", "stateful"], default="plain")
+    parser.add_argument(
+        "--loader", choices=["plain", "stateful", "docs", "shuffle", "shuffle-gen", "unsaved"], default="plain"
+    )
+    parser.add_argument("--seed-per-rank", action="store_true", help="torch.manual_seed(base + rank), as DDP jobs do")
+    parser.add_argument("--resume-check", default=None)
     parser.add_argument("--kill-epoch", type=int, default=None)
     parser.add_argument("--kill-batch", type=int, default=None)
     parser.add_argument("--per-rank", action="store_true")
@@ -79,7 +95,7 @@ def main() -> None:
     if distributed:
         dist.init_process_group("gloo")
     rank = dist.get_rank() if distributed else 0
-    torch.manual_seed(0 if not args.per_rank else rank)
+    torch.manual_seed(rank if args.per_rank or args.seed_per_rank else 0)
     torch.use_deterministic_algorithms(True)
     model: nn.Module = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Dropout(0.3), nn.Linear(32, 1))
     if distributed and not args.per_rank:
@@ -92,8 +108,10 @@ def main() -> None:
     from client.torch import CheckpointManager
 
     objects = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "data": batches}
-    if args.loader == "plain":
+    if args.loader in ("plain", "docs"):
         objects["data"] = batches.sampler
+    elif args.loader == "unsaved":
+        del objects["data"]
     manager = CheckpointManager(
         objects=objects,
         storage=args.storage,
@@ -102,6 +120,7 @@ def main() -> None:
         storage_options=storage_options,
         replicated=not args.per_rank,
         max_to_keep=None,
+        resume_check=args.resume_check,
     )
     start = manager.restore_or_initialize()
     resumed = manager.resume_position

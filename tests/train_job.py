@@ -5,7 +5,7 @@
                               [--spe N] [--kill-epoch E --kill-batch B] --out FINAL.npz
 
 Dense + Dropout model, in-memory data, no shuffling, op determinism and fixed seeds: two runs give
-bit-equal variables. With --kill-* the process SIGKILLs itself before training that batch.
+bit-equal variables (--as-users-write: fit shuffles and the Dropout has no seed, as keras.io writes it). With --kill-* the process SIGKILLs itself before training that batch.
 Prints `RESUMED <epoch> <batch>` or `FRESH` first, then trains to the end and saves every model
 and optimizer variable to --out.
 """
@@ -26,7 +26,7 @@ BACKEND = keras.backend.backend()  # KERAS_BACKEND: tensorflow (the default), ja
 EPOCHS, SAMPLES, BATCH = 6, 96, 8  # 12 batches per epoch
 
 
-def make_model(spe: int = 1) -> keras.Model:
+def make_model(spe: int = 1, *, seeded_dropout: bool = True) -> keras.Model:
     keras.utils.set_random_seed(0)
     if BACKEND == "tensorflow":
         import tensorflow as tf
@@ -40,7 +40,7 @@ def make_model(spe: int = 1) -> keras.Model:
         [
             keras.Input((16,)),
             keras.layers.Dense(32, activation="relu"),
-            keras.layers.Dropout(0.3, seed=1),
+            keras.layers.Dropout(0.3, seed=1) if seeded_dropout else keras.layers.Dropout(0.3),
             keras.layers.Dense(1),
         ]
     )
@@ -83,7 +83,7 @@ def final_state(model: keras.Model) -> dict[str, np.ndarray]:
 def run_keras(args: argparse.Namespace) -> keras.Model:
     from client.keras import BackupAndRestore
 
-    model = make_model(args.spe)
+    model = make_model(args.spe, seeded_dropout=not args.as_users_write)
     save_freq = "epoch" if args.save_freq == "epoch" else int(args.save_freq)
     callback = BackupAndRestore(
         storage=args.storage,
@@ -105,7 +105,8 @@ def run_keras(args: argparse.Namespace) -> keras.Model:
     if args.kill_epoch is not None:
         signum = signal.SIGTERM if args.sigterm else signal.SIGKILL
         callbacks.append(KillAt(args.kill_epoch, args.kill_batch, signum, wait=callback.checkpointer.wait))
-    model.fit(*data(), batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0, callbacks=callbacks)
+    shuffle = args.as_users_write  # keras.io's examples: fit's default shuffle=True, Dropout without a seed
+    model.fit(*data(), batch_size=BATCH, epochs=EPOCHS, shuffle=shuffle, verbose=0, callbacks=callbacks)
     return model
 
 
@@ -166,6 +167,7 @@ def main() -> None:
     parser.add_argument("--endpoint", default=None, help="S3 endpoint (moto)")
     parser.add_argument("--shift-names", action="store_true")
     parser.add_argument("--sigterm", action="store_true", help="send SIGTERM (a preemption notice) instead of SIGKILL")
+    parser.add_argument("--as-users-write", action="store_true", help="fit with shuffle=True, Dropout unseeded")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     args.options = {"endpoint_url": args.endpoint, "key": "testing", "secret": "testing"} if args.endpoint else None

@@ -24,17 +24,25 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+import torch
 
 from ckptstore.deferred import VerifiedTensors
+from ckptstore.fingerprint import FINGERPRINT_KEY
 from client.identity import NodeIdentity
 from client.manager import LoopManager
 from client.options import CheckpointOptions
+from client.torch.fingerprint import fingerprint, is_data
+from client.torch.loaders import generator_states, is_loader, replay_after_first_iterator
+from client.torch.sampler import ResumableSampler
 from client.torch.state import flatten, host_views_are_live, rng_state, set_rng_state, unflatten
 
 __all__ = ["CheckpointManager", "distributed_identity"]
 
 STATE_KEY = "torch_state"
 RNG = "rng"
+RANK_RNGS = "rng_ranks"  # replicated state under torch.distributed: every rank's RNG, by rank
+LOADER_GENERATORS = "loader_generators"  # each data loader's generators as of the save (client/torch/loaders.py)
+RESERVED = (RNG, RANK_RNGS, LOADER_GENERATORS)
 
 
 def _in_place(obj: Any, name: str, saved_tree: Any, arrays: Mapping[str, np.ndarray]) -> Any:
@@ -89,8 +97,8 @@ class CheckpointManager(LoopManager):
         for name, obj in objects.items():
             if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
                 raise TypeError(f"objects[{name!r}] has no state_dict/load_state_dict")
-            if name == RNG:
-                raise ValueError(f"{RNG!r} is the name of the saved random number generators: use another")
+            if name in RESERVED:
+                raise ValueError(f"{name!r} names what ckptstore saves besides the objects: use another name")
         options = options if options is not None else CheckpointOptions.resolve(**settings)
         identity = distributed_identity(replicated)
         if identity is not None:
@@ -99,12 +107,58 @@ class CheckpointManager(LoopManager):
             options = dataclasses.replace(options, nodes=options.nodes or nodes)
         super().__init__(options=options, identity=identity)
         self.objects = dict(objects)
+        self.replicated = replicated
+        self._rank_rngs: list[Any] | None = None  # every rank's (RNG, seed), gathered for the save (rank 0 writes)
+
+    def _world(self) -> tuple[int, int]:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_world_size(), dist.get_rank()
+        return 1, 0
+
+    def _gather(self, *, collective: bool) -> None:
+        """Replicated state under torch.distributed: rank 0 writes, but each rank draws from its own
+        RNG (per-rank seeds), so every rank's RNG goes to rank 0 for the save. Not on a preemption's
+        save, where the ranks may not all be saving at once (a collective then would hang)."""
+        import torch.distributed as dist
+
+        self._rank_rngs = None
+        size, rank = self._world()
+        if not (collective and self.replicated and size > 1):
+            return
+        gathered: list[Any] | None = [None] * size if rank == 0 else None
+        dist.gather_object((rng_state(), torch.initial_seed()), gathered, dst=0)
+        self._rank_rngs = gathered
 
     def _capture(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         views: dict[str, np.ndarray] = {}
-        tree = {name: flatten(obj.state_dict(), name, views) for name, obj in self.objects.items()}
+        states = {name: obj.state_dict() for name, obj in self.objects.items()}
+        tree = {name: flatten(state, name, views) for name, state in states.items()}
         tree[RNG] = flatten(rng_state(), RNG, views)
-        return views, {STATE_KEY: json.dumps(tree)}
+        rank_seeds = None
+        if self._rank_rngs is not None:
+            tree[RANK_RNGS] = flatten([rng for rng, _ in self._rank_rngs], RANK_RNGS, views)
+            rank_seeds = [seed for _, seed in self._rank_rngs]
+        generators = {name: generator_states(obj) for name, obj in self.objects.items() if is_loader(obj)}
+        if generators:
+            tree[LOADER_GENERATORS] = flatten(generators, LOADER_GENERATORS, views)
+        described = fingerprint(
+            self.objects, states, world=self._world(), seed=torch.initial_seed(), rank_seeds=rank_seeds
+        )
+        return views, {STATE_KEY: json.dumps(tree), FINGERPRINT_KEY: described}
+
+    def _live_fingerprint(self, arrays: Mapping[str, np.ndarray], metadata: Mapping[str, Any]) -> dict[str, Any]:
+        """Models and optimizers as they are; data objects at the checkpoint's position (asking a loader
+        for its state could start its iterator)."""
+        tree = json.loads(metadata.get(STATE_KEY, "{}"))
+        states = {}
+        for name, obj in self.objects.items():
+            if not is_data(obj):
+                states[name] = obj.state_dict()
+            elif name in tree:
+                states[name] = unflatten(tree[name], arrays)
+        return fingerprint(self.objects, states, world=self._world(), seed=torch.initial_seed(), rank_seeds=None)
 
     def _apply(self, arrays: Mapping[str, np.ndarray], metadata: Mapping[str, Any]) -> None:
         if STATE_KEY not in metadata:
@@ -116,7 +170,19 @@ class CheckpointManager(LoopManager):
         for name, obj in self.objects.items():
             if name in tree:
                 obj.load_state_dict(_in_place(obj, name, tree[name], arrays) or unflatten(tree[name], arrays))
-        set_rng_state(unflatten(tree[RNG], arrays))
+        rngs = unflatten(tree[RANK_RNGS], arrays) if RANK_RNGS in tree else []
+        _, rank = self._world()
+        set_rng_state(rngs[rank] if rank < len(rngs) else unflatten(tree[RNG], arrays))
+        self._replay_data_draws(unflatten(tree.get(LOADER_GENERATORS, {"__dict__": []}), arrays))
+
+    def _replay_data_draws(self, generators: Mapping[str, list[Any]]) -> None:
+        """The draws a data loader makes when its resumed iterator is made, put right (loaders.py)."""
+        restored = torch.get_rng_state()
+        for name, obj in self.objects.items():
+            if is_loader(obj):
+                replay_after_first_iterator(obj, list(generators.get(name, [])), restored)
+            elif isinstance(obj, ResumableSampler):
+                obj.restore_rng_when_iterated(restored)
 
     def _started(self) -> None:
         """Every rank must resume from the same position: checked across ranks when distributed."""

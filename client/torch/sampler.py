@@ -9,7 +9,7 @@ takes indices ahead of the batches trained — put this sampler in torchdata's `
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sized
+from collections.abc import Iterator, Mapping, Sized
 from typing import Any
 
 import torch
@@ -25,19 +25,34 @@ class ResumableSampler(Sampler[int]):
         self.size = data_source if isinstance(data_source, int) else len(data_source)
         self.shuffle, self.seed = shuffle, seed
         self.epoch, self.taken = 0, 0
+        self._rng_on_start: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return self.size
 
-    def _order(self) -> list[int]:
+    def _order(self, epoch: int) -> list[int]:
         if not self.shuffle:
             return list(range(self.size))
         generator = torch.Generator()
-        generator.manual_seed(self.seed * 1_000_003 + self.epoch)
+        generator.manual_seed(self.seed * 1_000_003 + epoch)
         return torch.randperm(self.size, generator=generator).tolist()
 
+    def next_indices(self, state: Mapping[str, Any], count: int) -> list[int]:
+        """The next `count` indices this sampler would yield from `state` (nothing changes)."""
+        return self._order(state["epoch"])[state["taken"] : state["taken"] + count]
+
+    def restore_rng_when_iterated(self, rng: torch.Tensor) -> None:
+        """Set the global torch RNG to `rng` when the resumed epoch starts: the DataLoader draws its
+        base seed from it when it makes the iterator — a draw the uninterrupted run made before the
+        save — so a mid-epoch resume would otherwise run one draw ahead."""
+        if self.taken:
+            self._rng_on_start = rng
+
     def __iter__(self) -> Iterator[int]:
-        order = self._order()
+        if self._rng_on_start is not None:
+            torch.set_rng_state(self._rng_on_start)
+            self._rng_on_start = None
+        order = self._order(self.epoch)
         while self.taken < self.size:
             index = order[self.taken]
             self.taken += 1

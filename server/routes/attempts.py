@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Path
 
 from ckptstore.position import POSITION_LIMIT
-from ckptstore.schema import AttemptInfo, AttemptRequest, ResumeAgreement, ResumeReport
+from ckptstore.schema import AttemptInfo, AttemptRequest, ResumeAgreement, ResumeAudit, ResumeReport
 from server import records, restarts
 from server.deps import DbDep, JobName, NodeName, PageDep, WritesDep
 from server.errors import COMMON_ERRORS, error_responses
@@ -44,6 +44,14 @@ def report_resume(job: JobName, node: NodeName, attempt: AttemptNumber, body: Re
     with db.write() as session:
         row = records.lock_job(session, job)
         return restarts.attempt_info(row, restarts.report_resume(session, row, node, attempt, body))
+
+
+@router.put("/nodes/{node}/attempts/{attempt}/audit", response_model=AttemptInfo)
+def report_audit(job: JobName, node: NodeName, attempt: AttemptNumber, body: ResumeAudit, db: DbDep) -> AttemptInfo:
+    """This attempt's resume audit: the saved run's fingerprint against the live one (`resume.audited`)."""
+    with db.write() as session:
+        row = records.lock_job(session, job)
+        return restarts.attempt_info(row, restarts.record_audit(session, row, node, attempt, body))
 
 
 @router.get("/resume-agreement", response_model=ResumeAgreement)

@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 
 from ckptstore import Store
 from ckptstore.errors import StorageUnavailableError
-from ckptstore.schema import HealthReport, JobHealth, NodeHealth, ProbeResult
+from ckptstore.telemetry_schema import HealthReport, JobHealth, NodeHealth, ProbeResult
 from server import records, telemetry
 from server.deps import DbDep, JobName, NodeName, SettingsDep, WritesDep
 from server.errors import COMMON_ERRORS

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Response
 from sqlalchemy.orm import Session
 
-from ckptstore.schema import StatsReport, StatsSummary
+from ckptstore.telemetry_schema import StatsReport, StatsSummary
 from server import records, telemetry
 from server.deps import DbDep, JobName, WritesDep
 from server.errors import COMMON_ERRORS

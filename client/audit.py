@@ -1,0 +1,58 @@
+"""The resume audit on the client: the checkpoint's fingerprint against the live run's
+(ckptstore.fingerprint), what `resume_check` makes of drift, and how the verdict is said.
+
+The verdict is said where a user looks — the one resume line, every difference on a line of its
+own under it — kept with the attempt on the service (`resume.audited`), and under
+resume_check="raise" a drift refuses the restore before anything is assigned.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ckptstore import Position
+from ckptstore.errors import ResumeDriftError
+from ckptstore.fingerprint import FINGERPRINT_KEY, differences, verdict
+from ckptstore.schema import PositionBody, ResumeAudit
+
+__all__ = ["audit", "refuse_drift", "said", "mid_epoch_without_data"]
+
+
+def mid_epoch_without_data(position: Position, live: dict[str, Any]) -> None:
+    """A mid-epoch resume with no data loader or sampler among the objects: the rest of the epoch is
+    drawn anew, not the saved run's — recorded in `live` as an inexact data part."""
+    if position.batch is not None and not live.get("data"):
+        live.setdefault("data", {})["(none)"] = {
+            "inexact": f"resumed mid-epoch ({position}) with no data loader or sampler in objects: the rest of "
+            "the epoch is not the saved run's (put a ResumableSampler or StatefulDataLoader in objects)"
+        }
+
+
+def audit(position: Position, metadata: Mapping[str, Any], live: Mapping[str, Any]) -> ResumeAudit:
+    """The audit of resuming at `position` from a checkpoint with `metadata` into the `live` run. A
+    checkpoint written before fingerprints existed has nothing to compare: that is drift, said so."""
+    saved = metadata.get(FINGERPRINT_KEY)
+    if not isinstance(saved, Mapping):
+        found = ["checkpoint: written without a fingerprint (an older ckptstore): nothing to compare"]
+    else:
+        found = differences(saved, live)
+    found = [f[:1000] for f in found[:200]]
+    return ResumeAudit(position=PositionBody.of(position), verdict=verdict(found), differences=found)
+
+
+def refuse_drift(report: ResumeAudit, job: str, node: str) -> None:
+    """resume_check="raise": a drift stops the restore, naming every difference."""
+    if report.verdict == "drift":
+        raise ResumeDriftError(
+            f"{job}/{node}: the resume audit found drift (resume_check='raise'; nothing was assigned):{said(report)}",
+            differences=tuple(report.differences),
+        )
+
+
+def said(report: ResumeAudit) -> str:
+    """The verdict as the resume line ends: `resume audit: exact`, or the differences, one per line."""
+    if report.verdict == "exact":
+        return "; resume audit: exact"
+    lines = "".join(f"\n  - {difference}" for difference in report.differences)
+    return f"; resume audit: DRIFT, not an exact resume ({len(report.differences)} difference(s)):{lines}"

@@ -24,8 +24,9 @@ def mid_epoch_without_data(position: Position, live: dict[str, Any]) -> None:
     drawn anew, not the saved run's — recorded in `live` as an inexact data part."""
     if position.batch is not None and not live.get("data"):
         live.setdefault("data", {})["(none)"] = {
-            "inexact": f"resumed mid-epoch ({position}) with no data loader or sampler in objects: the rest of "
-            "the epoch is not the saved run's (put a ResumableSampler or StatefulDataLoader in objects)"
+            "inexact": f"resumed mid-epoch ({position}) with no data loader, sampler or iterator in objects: "
+            "ckptstore cannot see the data position, so unless the loop picks its batches from (epoch, batch) "
+            "alone the rest of the epoch is not the saved run's (put the data object in objects)"
         }
 
 

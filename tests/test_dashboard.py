@@ -13,7 +13,7 @@ import pytest
 from ckptstore.copykey import CopyKey
 from ckptstore.position import Position
 from ckptstore.report import AccessReport
-from ckptstore.schema import SkippedCopy
+from ckptstore.schema import PositionBody, ResumeAudit, SkippedCopy
 from client.service import ServiceClient
 from tests.builders import commit_body
 from tests.conftest import service_settings
@@ -83,6 +83,9 @@ def seed_tiers(client: ServiceClient, url: str, token: str | None, root: str) ->
     restart = client.start_attempt("tiered", "t1")
     skipped = SkippedCopy(epoch=3, attempt="1", tier="local", state="corrupt", reason=reason)
     client.report_resume("tiered", "t1", restart, resumed_from=Position(2), skipped=[skipped])
+    drift = ["optimizer: saved Adam, restoring into AdamW"]
+    audit = ResumeAudit(position=PositionBody.of(Position(2)), verdict="drift", differences=drift)
+    client.report_audit("tiered", "t1", restart, audit)
 
 
 @pytest.fixture(scope="module")
@@ -163,6 +166,8 @@ def test_the_job_page_shows_tiers_replication_lag_and_skipped_copies(browser, se
     assert "local 3 · durable 1" in lag.inner_text()
     history = page.locator("table.attempts td.skipped").all_inner_texts()
     assert any("3 attempt 1 (local) — corrupt: restore: shard" in text for text in history), history
+    audited = page.locator('table.attempts td.audit[data-verdict="drift"]')
+    assert "optimizer: saved Adam, restoring into AdamW" in audited.inner_text(), "the restart's resume audit"
     page.screenshot(path=os.path.join(ARTIFACTS, "tiers.png"), full_page=True)
     page.close()
 

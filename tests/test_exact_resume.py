@@ -57,4 +57,4 @@ def test_a_plain_shuffling_loader_outside_objects_is_audited_as_drift_mid_epoch(
     run_job(tmp_path, *args, "--kill-epoch", "1", "--kill-batch", "7", killed=True)
     resumed = run_job(tmp_path, *args)
     assert "resume audit: DRIFT" in resumed
-    assert "with no data loader or sampler in objects" in resumed
+    assert "with no data loader, sampler or iterator in objects" in resumed

@@ -86,6 +86,7 @@ def test_a_loop_killed_mid_epoch_resumes_bit_exactly(where, loader, with_service
     resumed = run_job(tmp_path, *args, *job)
     saved = kill_batch - kill_batch % 3
     assert resumed.splitlines()[0] == (f"RESUMED 1 {saved}" if saved else "RESUMED 0 None"), kill_batch
+    assert "resume audit: exact" in resumed
     assert_bit_equal(final(resumed), baseline)
 
 

@@ -76,6 +76,7 @@ def test_killed_and_resumed_training_is_bit_equal_to_uninterrupted(tmp_path, sql
     resumed = run_job(tmp_path, *common, "--shift-names")
     assert resumed.splitlines()[0] == expected
     assert f"ckptstore: {common[common.index('--job') + 1]}/n0 resumed from " in resumed, "the resume is visible"
+    assert "resume audit: exact" in resumed
     if expected.endswith(" 4"):
         assert "epoch 3 (Keras' 4): its first 4 batches were trained before the restart and are skipped" in resumed
     assert_bit_equal(final_state(resumed), baseline(tmp_path, args))
@@ -91,6 +92,7 @@ def test_keras_on_the_jax_and_pytorch_backends_resumes_mid_epoch_bit_equal(tmp_p
     resumed = run_job(tmp_path, *common, backend=backend)
     assert resumed.splitlines()[0] == "RESUMED 3 4"
     assert "its first 4 batches were trained before the restart and are skipped" in resumed
+    assert "resume audit: exact" in resumed
     assert_bit_equal(final_state(resumed), baseline(tmp_path, args, backend))
 
 

@@ -58,3 +58,40 @@ def test_a_plain_shuffling_loader_outside_objects_is_audited_as_drift_mid_epoch(
     resumed = run_job(tmp_path, *args)
     assert "resume audit: DRIFT" in resumed
     assert "with no data loader, sampler or iterator in objects" in resumed
+
+
+def test_a_two_rank_checkpoint_restored_by_one_process_is_drift_and_refused_under_raise(tmp_path, sqlite_service):
+    import os
+    import subprocess
+    import sys
+
+    from tests.test_torch import ROOT
+
+    common = [
+        "--storage",
+        f"{sqlite_service.storage}/world-{uuid.uuid4().hex[:6]}",
+        "--service",
+        sqlite_service.live.url,
+    ]
+    job = ["--job", f"world-{uuid.uuid4().hex[:6]}"]
+    ranks(tmp_path, 2, *common, *job, "--kill-epoch", "1", "--kill-batch", "4", killed_rank=0)
+    alone = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tests.torch_job",
+            *common,
+            *job,
+            "--resume-check",
+            "raise",
+            "--out",
+            str(tmp_path / "x"),
+        ],
+        cwd=ROOT,
+        env=os.environ | {"CKPTSTORE_NODE": "node-0"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert alone.returncode != 0 and "ResumeDriftError" in alone.stderr, alone.stderr[-2000:]
+    assert "world size: saved by 2 process(es), restoring into 1" in alone.stderr

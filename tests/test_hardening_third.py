@@ -139,18 +139,20 @@ class Receiver:
         self.server.server_close()
 
 
+def webhook_settings(tmp_path, **overrides):
+    """A SQLite service whose webhooks may target this machine, polled every 0.1 s."""
+    from tests.conftest import service_settings
+
+    return service_settings(
+        str(tmp_path), f"sqlite:///{tmp_path}/svc.db", webhook_hosts="127.0.0.1", webhook_poll_seconds=0.1, **overrides
+    )
+
+
 @pytest.fixture
 def hooked(tmp_path):
-    from tests.conftest import service_settings
     from tests.live import LiveService
 
-    settings = service_settings(
-        str(tmp_path),
-        f"sqlite:///{tmp_path}/svc.db",
-        webhook_hosts="127.0.0.1",
-        webhook_poll_seconds=0.1,
-        webhook_timeout_seconds=1,
-    )
+    settings = webhook_settings(tmp_path, webhook_timeout_seconds=1)
     live, receiver = LiveService(settings), Receiver()
     yield live, receiver
     live.stop()
@@ -266,14 +268,10 @@ def commits(http, root: str, job: str, count: int) -> None:
 
 
 def test_events_a_webhook_was_not_given_stay_past_the_window_and_past_its_bound_fail_with_a_reason(tmp_path):
-    from tests.conftest import service_settings
     from tests.live import LiveService, wait_for
 
-    settings = service_settings(
-        str(tmp_path),
-        f"sqlite:///{tmp_path}/svc.db",
-        webhook_hosts="127.0.0.1",
-        webhook_poll_seconds=0.1,
+    settings = webhook_settings(
+        tmp_path,
         events_keep_rows=1000,
         events_keep_undelivered_rows=1200,
         webhook_retry_seconds=3600,  # nothing is given up by age (a slow machine's 700 commits take long)

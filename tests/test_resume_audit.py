@@ -53,13 +53,18 @@ def train_and_save(manager, model, optimizer, loader) -> None:
             break
 
 
-@pytest.fixture
-def saved(tmp_path):
-    root, job = str(tmp_path / "ckpt"), f"audit-{uuid.uuid4().hex[:6]}"
-    manager, *objects = run(root, job)
+def first_run(root: str, job: str, service: str | None = None) -> None:
+    """The saved run: BASE, three batches, saved at 0.b3."""
+    manager, *objects = run(root, job, service=service)
     manager.restore_or_initialize()
     train_and_save(manager, *objects)
     manager.close()
+
+
+@pytest.fixture
+def saved(tmp_path):
+    root, job = str(tmp_path / "ckpt"), f"audit-{uuid.uuid4().hex[:6]}"
+    first_run(root, job)
     return root, job
 
 
@@ -118,10 +123,7 @@ def test_the_audit_is_kept_with_the_attempt_and_said_as_an_event(tmp_path, sqlit
 
     root, job = f"{sqlite_service.storage}/{uuid.uuid4().hex[:6]}", f"audited-{uuid.uuid4().hex[:6]}"
     url = sqlite_service.live.url
-    manager, *objects = run(root, job, service=url)
-    manager.restore_or_initialize()
-    train_and_save(manager, *objects)
-    manager.close()
+    first_run(root, job, url)
     manager, *_ = run(root, job, service=url, optimizer="AdamW")
     manager.restore_or_initialize()
     manager.close()
@@ -139,10 +141,7 @@ def test_ckptstore_diff_names_what_changed_between_two_positions(tmp_path, sqlit
 
     root, job = f"{sqlite_service.storage}/{uuid.uuid4().hex[:6]}", f"diffed-{uuid.uuid4().hex[:6]}"
     url = sqlite_service.live.url
-    manager, *objects = run(root, job, service=url)
-    manager.restore_or_initialize()
-    train_and_save(manager, *objects)
-    manager.close()
+    first_run(root, job, url)
     manager, *objects = run(root, job, service=url, resume_check="off", batch=16)
     manager.restore_or_initialize()
     manager.save(1)

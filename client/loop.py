@@ -99,11 +99,11 @@ class CheckpointManager(LoopManager):
             raise StateMismatchError(f"the checkpoint has no state for the tf.data iterator(s) {missing}")
         with _strategy_scope(self.objects):
             _build_optimizers(self._holders)
+            variables = arrays
+            if iterators:  # their states are not variables (a verified local copy is then read, not adopted)
+                variables = {key: value for key, value in arrays.items() if not key.endswith(f"/{ITERATOR}")}
             self.restore_report = restore_arrays(
-                collect_variables(self._holders),
-                {k: v for k, v in arrays.items() if not k.endswith(f"/{ITERATOR}")},
-                strict=self.options.strict,
-                saved=metadata.get("variables"),
+                collect_variables(self._holders), variables, strict=self.options.strict, saved=metadata.get("variables")
             )
         for name, iterator in iterators.items():
             if name not in missing:

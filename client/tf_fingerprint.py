@@ -1,6 +1,6 @@
 """The fingerprint of a TensorFlow / Keras run (ckptstore.fingerprint): the framework and versions
-(Keras' backend too), the world under TF_CONFIG, each object's type and variables (paths, shapes,
-dtypes), and the data position as far as ckptstore sees it (a tf.data iterator in objects; the
+(Keras' backend too), the world under TF_CONFIG, each object's type and variables (by their place
+in the object, as checkpoints key them — names change between processes — with shapes and dtypes), and the data position as far as ckptstore sees it (a tf.data iterator in objects; the
 Keras callback adds the fit's steps per epoch)."""
 
 from __future__ import annotations
@@ -43,9 +43,9 @@ def fingerprint(
     parts: dict[str, dict[str, Any]] = {
         name: {"type": type(obj).__name__, "arrays": {}} for name, obj in objects.items()
     }
-    for key, variable in described.items():
-        name = key.split("/", 1)[0]
-        parts[name]["arrays"][str(variable["path"])] = f"{tuple(variable['shape'])} {variable['dtype']}"
+    for key, variable in described.items():  # keyed by structure: layer names change between processes
+        name, index = key.split("/", 1)
+        parts[name]["arrays"][index] = f"{tuple(variable['shape'])} {variable['dtype']}"
     return {
         "framework": {"name": "keras", "versions": _versions()},
         "world": _world(),

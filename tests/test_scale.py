@@ -154,8 +154,14 @@ def test_the_writes_of_one_group_transaction_see_the_rows_the_earlier_ones_hold(
         declare(http, root, job_name, ["n0", "n1"])
         declare(http, root, other, ["a", "b"])
         assert http.post(attempts, json={}, headers={"Idempotency-Key": "start-0"}).json()["attempt"] == "1"
-        gate = threading.Event()
-        writes.submit("", lambda session: gate.wait(120))  # released below, or by the deadline if the test fails
+        gate, holding = threading.Event(), threading.Event()
+
+        def hold(session) -> None:
+            holding.set()
+            gate.wait(120)  # released below, or by the deadline if the test fails
+
+        writes.submit("", hold)
+        assert holding.wait(60), "the writer runs the gate alone (a request queued before it would join its batch)"
         n1 = f"/v1/jobs/{job_name}/nodes/n1/checkpoints"
         requests = [(attempts, {}, {"Idempotency-Key": "start-n0"})] * 3 + [(attempts, {}, {})] * 2
         requests += [(attempts, {}, {"Idempotency-Key": "start-0"})]  # a retry of the stored one

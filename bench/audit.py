@@ -86,7 +86,10 @@ def main() -> None:
     fingerprint = Timed(client.torch.manager, "fingerprint")
     audit = Timed(client.manager.LoopManager, "_audit")
     total = int(args.gib * 2**30)
-    layouts: dict[str, Callable[[int], dict[str, np.ndarray]]] = {"model_like": model_like, "4000 tensors": many_tensors}
+    layouts: dict[str, Callable[[int], dict[str, np.ndarray]]] = {
+        "model_like": model_like,
+        "4000 tensors": many_tensors,
+    }
     print(f"{platform.node()} {platform.processor()} torch {torch.__version__}; {args.gib} GiB; {args.reps} reps")
     for name, make in layouts.items():
         tensors = {k: torch.from_numpy(v) for k, v in make(total).items()}

@@ -10,6 +10,7 @@ from pydantic import BaseModel, Field
 from ckptstore.schema import Name, PositionBody, RequestModel
 
 __all__ = [
+    "Advice",
     "HealthReport",
     "ReplicationLag",
     "NodeHealth",
@@ -83,3 +84,20 @@ class StatsRow(BaseModel):
 class StatsSummary(BaseModel):
     job: str
     rows: list[StatsRow]
+
+
+class Advice(BaseModel):
+    """A job's goodput and recommended checkpoint interval from its own records (server/advice.py);
+    null where its history is too short to say."""
+
+    job: str
+    goodput: float | None = None
+    wall_seconds: float | None = None
+    lost_seconds: float | None = None
+    blocked_seconds: float | None = None
+    failures: int = 0
+    mtbf_seconds: float | None = None
+    save_cost_seconds: float | None = None
+    interval_seconds: float | None = None
+    interval_steps: int | None = None
+    note: str | None = None

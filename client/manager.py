@@ -139,7 +139,7 @@ class LoopManager:
         returns once the state is copied to host memory (async saves) or committed. Returns whether it
         saved: a process that does not write saves nothing, and a save that would wait behind one still
         retrying a failing storage is skipped (counted and said; training goes on)."""
-        position = Position(epoch, batch)
+        position, began = Position(epoch, batch), time.perf_counter()
         self._gather(collective=not self.preemption.pending)
         # The staging buffers are free once the previous write is done: `ready` waits for it, or skips.
         if not self.checkpointer.writes or not self.checkpointer.ready(position):
@@ -151,9 +151,12 @@ class LoopManager:
             arrays = snapshot_arrays(views, self._staging) if self.checkpointer.async_save else views
             if span is not None:  # tracing on: the sum costs a pass over every array otherwise
                 tracing.set_attributes(span, bytes=sum(a.nbytes for a in arrays.values()))
-        return self.checkpointer.save(
+        saved = self.checkpointer.save(
             position, arrays, step=step, metrics=metrics, metadata={**described, **(metadata or {})}
         )
+        if saved:  # what training waited for this save: the service's advice weighs it (server/advice.py)
+            self.checkpointer.reports.stats("blocked", time.perf_counter() - began, 0)
+        return saved
 
     def _where(self, position: Position) -> dict[str, str]:
         """A span's attributes that say which checkpoint it is about."""

@@ -47,7 +47,15 @@ from ckptstore.schema import (
     RetentionSpec,
     SkippedCopy,
 )
-from ckptstore.telemetry_schema import HealthReport, JobHealth, NodeHealth, StatsAction, StatsReport, StatsSummary
+from ckptstore.telemetry_schema import (
+    Advice,
+    HealthReport,
+    JobHealth,
+    NodeHealth,
+    StatsAction,
+    StatsReport,
+    StatsSummary,
+)
 from client.events import follow
 from client.options import check_service_url, service_url_from_env, service_urls
 from client.wire import Commit, answer, batches, commit_request, raise_for
@@ -240,6 +248,10 @@ class ServiceClient:
             body=audit,
             parse=AttemptInfo.model_validate,
         )
+
+    def advice(self, job: str) -> Advice:
+        """The job's goodput and recommended checkpoint interval, from its own records."""
+        return self._call("GET", self._job_path(job) + "/advice", parse=Advice.model_validate)
 
     def resume_agreement(self, job: str) -> ResumeAgreement:
         return self._call("GET", self._job_path(job) + "/resume-agreement", parse=ResumeAgreement.model_validate)

@@ -1,12 +1,12 @@
-"""Save/load timings per action and node, and their summary."""
+"""Save/load timings per action and node, their summary, and the job's operations advice."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Response
 from sqlalchemy.orm import Session
 
-from ckptstore.telemetry_schema import StatsReport, StatsSummary
-from server import records, telemetry
+from ckptstore.telemetry_schema import Advice, StatsReport, StatsSummary
+from server import advice, records, telemetry
 from server.deps import DbDep, JobName, WritesDep
 from server.errors import COMMON_ERRORS
 
@@ -30,3 +30,11 @@ async def add_stats(job: JobName, body: StatsReport, writes: WritesDep) -> Respo
 def get_stats(job: JobName, db: DbDep) -> StatsSummary:
     with db.read() as session:
         return telemetry.stats_summary(session, records.find_job(session, job))
+
+
+@router.get("/advice", response_model=Advice)
+def get_advice(job: JobName, db: DbDep) -> Advice:
+    """Goodput — the share of the job's wall time not lost to failures nor blocked by saves and
+    restores — and the Young/Daly checkpoint interval √(2 · save cost · MTBF), from its own records."""
+    with db.read() as session:
+        return advice.job_advice(session, records.find_job(session, job))

@@ -1,0 +1,151 @@
+"""Operations advice per job, from the service's own records: goodput — how much of the job's wall
+time went to training, not to work redone after failures nor to saves and restores — and the
+checkpoint interval Young and Daly recommend, √(2 · save cost · mean time between failures).
+
+`advise` is a pure function of plain records (tested with histories whose answers are known);
+`job_advice` reads them from the database. Definitions (docs/operations.md, "Goodput"):
+- wall: from the job's first start to its latest record (a start or a commit);
+- lost: per restart of a node, from the commit of the copy it resumed from (its first start when it
+  resumed nothing) to the restart — the work redone, the time down included; the node that lost most;
+- blocked: the seconds training waited for saves (`blocked` stats; `save` where a client reports no
+  `blocked`) and restores; the node that waited most;
+- failures: the restarts of the node restarted most; fewer than 2 → no MTBF and no interval.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from ckptstore.telemetry_schema import Advice
+from server.models import Attempt, Checkpoint, Job, Stat
+
+__all__ = ["Start", "Progress", "Timing", "advise", "job_advice", "MIN_FAILURES"]
+
+MIN_FAILURES = 2
+
+
+@dataclass(frozen=True)
+class Start:
+    """A process start of a node; `resumed_copy_at`: when the copy it resumed from was committed."""
+
+    node: str
+    number: int
+    started_at: float
+    resumed_copy_at: float | None
+
+
+@dataclass(frozen=True)
+class Progress:
+    """A commit: when, and the training step it holds (None when the client gave none)."""
+
+    at: float
+    step: int | None
+
+
+@dataclass(frozen=True)
+class Timing:
+    node: str
+    action: str
+    seconds: float
+
+
+def _lost(starts: list[Start]) -> tuple[float, int]:
+    """The seconds of work one node redid after its restarts, and how many restarts."""
+    ordered = sorted(starts, key=lambda s: s.number)
+    first, lost = ordered[0].started_at, 0.0
+    for start in ordered[1:]:
+        lost += max(0.0, start.started_at - (first if start.resumed_copy_at is None else start.resumed_copy_at))
+    return lost, len(ordered) - 1
+
+
+def _blocked(timings: list[Timing]) -> tuple[float, float | None]:
+    """The seconds the node that waited most waited, and a save's median blocked time (its cost)."""
+    per_node: dict[str, float] = defaultdict(float)
+    saves = [t.seconds for t in timings if t.action == "blocked"] or [t.seconds for t in timings if t.action == "save"]
+    blocking = "blocked" if any(t.action == "blocked" for t in timings) else "save"
+    for timing in timings:
+        if timing.action in (blocking, "restore"):
+            per_node[timing.node] += timing.seconds
+    return max(per_node.values(), default=0.0), statistics.median(saves) if saves else None
+
+
+def _steps_per_second(progress: list[Progress]) -> float | None:
+    stepped = sorted((p.at, p.step) for p in progress if p.step is not None)
+    if len(stepped) < 2 or stepped[-1][0] <= stepped[0][0] or stepped[-1][1] <= stepped[0][1]:
+        return None
+    return (stepped[-1][1] - stepped[0][1]) / (stepped[-1][0] - stepped[0][0])
+
+
+def advise(job: str, starts: list[Start], progress: list[Progress], timings: list[Timing]) -> Advice:
+    """The job's goodput and recommended interval from its records (see the module docstring)."""
+    if not starts:
+        return Advice(job=job, note="no process of this job has started yet")
+    by_node: dict[str, list[Start]] = defaultdict(list)
+    for start in starts:
+        by_node[start.node].append(start)
+    begun = min(s.started_at for s in starts)
+    wall = max([s.started_at for s in starts] + [p.at for p in progress]) - begun
+    lost, failures = max((_lost(node_starts) for node_starts in by_node.values()), key=lambda lf: (lf[1], lf[0]))
+    blocked, cost = _blocked(timings)
+    mtbf = wall / failures if failures >= MIN_FAILURES and wall > 0 else None
+    interval = math.sqrt(2 * cost * mtbf) if mtbf is not None and cost else None
+    rate = _steps_per_second(progress)
+    notes = []
+    if failures < MIN_FAILURES:
+        notes.append(
+            f"{failures} failure(s) so far: no interval until the job has failed at least {MIN_FAILURES} times"
+        )
+    elif failures < 5:
+        notes.append(f"only {failures} failures: the mean time between them, and so the interval, is a rough estimate")
+    if cost is None:
+        notes.append("no save timings reported yet")
+    return Advice(
+        job=job,
+        goodput=None if wall <= 0 else min(1.0, max(0.0, (wall - lost - blocked) / wall)),
+        wall_seconds=wall,
+        lost_seconds=lost,
+        blocked_seconds=blocked,
+        failures=failures,
+        mtbf_seconds=mtbf,
+        save_cost_seconds=cost,
+        interval_seconds=interval,
+        interval_steps=None if interval is None or rate is None else max(1, round(interval * rate)),
+        note="; ".join(notes) or None,
+    )
+
+
+def job_advice(session: Session, job: Job) -> Advice:
+    """`advise` over the job's attempts, commits and timings as the database holds them."""
+    committed_at: dict[tuple[int, int], float] = {}  # a position's first commit, on any node
+    for epoch, key, at in session.execute(
+        select(Checkpoint.epoch, Checkpoint.batch_key, Checkpoint.created_at).where(Checkpoint.job_id == job.id)
+    ):
+        committed_at[(epoch, key)] = min(at, committed_at.get((epoch, key), at))
+    starts = [
+        Start(
+            a.node,
+            a.number,
+            a.started_at,
+            None if a.resumed_epoch is None else committed_at.get((a.resumed_epoch, a.resumed_batch_key or 0)),
+        )
+        for a in session.scalars(select(Attempt).where(Attempt.job_id == job.id))
+    ]
+    progress = [
+        Progress(at, step)
+        for at, step in session.execute(
+            select(Checkpoint.created_at, Checkpoint.step).where(Checkpoint.job_id == job.id)
+        )
+    ]
+    timings = [
+        Timing(node, action, seconds)
+        for node, action, seconds in session.execute(
+            select(Stat.node, Stat.action, Stat.seconds).where(Stat.job_id == job.id)
+        )
+    ]
+    return advise(job.name, starts, progress, timings)

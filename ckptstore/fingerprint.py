@@ -28,6 +28,7 @@ _DATA_FIELDS = {
     "seed": "seed",
     "shuffle": "shuffle",
     "workers": "worker processes",
+    "generators": "generators (its own, its sampler's)",
     "steps": "steps per epoch",
 }
 

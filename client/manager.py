@@ -98,7 +98,8 @@ class LoopManager:
             return None
         report = self._audit_of(restored)
         self.checkpointer.report_audit(report)
-        if self.options.resume_check == "raise":
+        if self.options.resume_check == "raise" and report.verdict == "drift":
+            self.checkpointer.reports.drain(timeout=5)  # the refused resume's audit is on record before it raises
             refuse_drift(report, self.checkpointer.job, self.checkpointer.node)
         return report
 

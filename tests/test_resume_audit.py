@@ -127,13 +127,17 @@ def test_the_audit_is_kept_with_the_attempt_and_said_as_an_event(tmp_path, sqlit
     manager, *_ = run(root, job, service=url, optimizer="AdamW")
     manager.restore_or_initialize()
     manager.close()
+    refused, *_ = run(root, job, service=url, optimizer="AdamW", resume_check="raise")
+    with pytest.raises(ResumeDriftError):
+        refused.restore_or_initialize()  # a process that raises here exits without closing anything
     with ServiceClient(url) as client:
         attempts = client.list_attempts(job)
         assert attempts[0].audit is None, "the first start resumed nothing"
-        assert attempts[-1].audit is not None and attempts[-1].audit.verdict == "drift"
-        assert "optimizer: saved Adam, restoring into AdamW" in attempts[-1].audit.differences
+        for attempt in attempts[1:]:
+            assert attempt.audit is not None and attempt.audit.verdict == "drift", "the refused one's is kept too"
+            assert "optimizer: saved Adam, restoring into AdamW" in attempt.audit.differences
         event = next(client.events(job, after=0, types=["resume.audited"]))
-    assert event.data["verdict"] == "drift" and event.data["attempt"] == attempts[-1].attempt
+    assert event.data["verdict"] == "drift" and event.data["attempt"] == attempts[1].attempt
 
 
 def test_ckptstore_diff_names_what_changed_between_two_positions(tmp_path, sqlite_service, capsys):
@@ -167,3 +171,34 @@ def test_a_world_size_change_and_a_rank_without_its_own_rng_are_named():
     assert differences(old, {"world": {"size": 2, "rank": 1}}) == [
         "rank 1: RNG from rank 0 (the checkpoint holds the RNG of 1 rank(s))"
     ]
+
+
+def test_a_replicated_save_without_every_ranks_rng_says_rank_0s_rng_is_restored(tmp_path, monkeypatch):
+    """A preemption's save under DDP runs no collective: only rank 0's RNG is in it, and a rank 1
+    restoring it is told so."""
+    from ckptstore.fingerprint import differences
+
+    manager, *_ = run(str(tmp_path / "ckpt"), "preempted")
+    monkeypatch.setattr(manager, "_world", lambda: (2, 0))
+    _, metadata = manager._capture()
+    saved = metadata["fingerprint"]
+    assert saved["rng_ranks"] == 1
+    assert "rank 1: RNG from rank 0 (the checkpoint holds the RNG of 1 rank(s))" in differences(
+        saved, saved | {"world": {"size": 2, "rank": 1}}
+    )
+    manager.close()
+
+
+def test_a_generator_given_to_the_loader_since_the_save_is_named():
+    from ckptstore.fingerprint import differences
+    from client.torch import ResumableSampler
+    from client.torch.loaders import data_fingerprint
+
+    dataset = torch.utils.data.TensorDataset(torch.zeros(16, 1))
+
+    def loader(generator):
+        return StatefulDataLoader(dataset, batch_size=4, sampler=ResumableSampler(dataset), generator=generator)
+
+    saved = {"data": {"data": data_fingerprint(loader(None), None)}}
+    live = {"data": {"data": data_fingerprint(loader(torch.Generator()), None)}}
+    assert differences(saved, live) == ["data (data): generators (its own, its sampler's) 0 → 1"]

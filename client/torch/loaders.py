@@ -50,7 +50,7 @@ def replay_after_first_iterator(loader: Any, states: list[torch.Tensor], rng: to
     to `states` and the global torch RNG to `rng`: as the uninterrupted run had them at the save."""
     generators = _generators(loader)
     if len(generators) != len(states):
-        return  # the loader changed (the audit names it); its own state is all there is
+        return  # a generator given or taken away since the save (the audit names it): its own state is all there is
     make_iterator = loader._get_iterator
 
     def first_iterator() -> Any:
@@ -104,6 +104,7 @@ def data_fingerprint(obj: Any, state: Mapping[str, Any] | None) -> dict[str, Any
     if not is_loader(obj):
         return None
     part = {"type": type(obj).__name__, "batch_size": obj.batch_size, "workers": getattr(obj, "num_workers", 0)}
+    part["generators"] = len(_generators(obj))
     if hasattr(obj.dataset, "__len__"):
         part["length"] = len(obj.dataset)
     inner = obj.sampler

@@ -136,16 +136,17 @@ class CheckpointManager(LoopManager):
         states = {name: obj.state_dict() for name, obj in self.objects.items()}
         tree = {name: flatten(state, name, views) for name, state in states.items()}
         tree[RNG] = flatten(rng_state(), RNG, views)
-        rank_seeds = None
+        world = self._world()
+        size, rank_seeds = world[0], None
         if self._rank_rngs is not None:
             tree[RANK_RNGS] = flatten([rng for rng, _ in self._rank_rngs], RANK_RNGS, views)
             rank_seeds = [seed for _, seed in self._rank_rngs]
+        elif self.replicated and size > 1:  # a preemption's save: rank 0's RNG only (the audit says so)
+            rank_seeds = [torch.initial_seed()]
         generators = {name: generator_states(obj) for name, obj in self.objects.items() if is_loader(obj)}
         if generators:
             tree[LOADER_GENERATORS] = flatten(generators, LOADER_GENERATORS, views)
-        described = fingerprint(
-            self.objects, states, world=self._world(), seed=torch.initial_seed(), rank_seeds=rank_seeds
-        )
+        described = fingerprint(self.objects, states, world=world, seed=torch.initial_seed(), rank_seeds=rank_seeds)
         return views, {STATE_KEY: json.dumps(tree), FINGERPRINT_KEY: described}
 
     def _live_fingerprint(self, arrays: Mapping[str, np.ndarray], metadata: Mapping[str, Any]) -> dict[str, Any]:

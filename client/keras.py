@@ -44,6 +44,10 @@ class BackupAndRestore(keras.callbacks.Callback):
     works as Keras' does). The other options are `CheckpointOptions`' (`service=`, `storage=`,
     `job=` — default CKPTSTORE_JOB or "keras" —, `node=`, `max_to_keep=`, …).
     With an int `save_freq` an end-of-epoch checkpoint is taken too, so a last good epoch exists.
+    `save_freq="auto"` follows the interval the service recommends for the job (client/cadence.py:
+    each epoch until the job has failed twice), `"continuous"` saves as soon as the previous save is
+    committed; `save_every_seconds=S` saves once S seconds have passed (beside `save_freq`; with
+    "auto", its upper bound).
     """
 
     def __init__(
@@ -52,21 +56,24 @@ class BackupAndRestore(keras.callbacks.Callback):
         save_freq: str | int = "epoch",
         double_checkpoint: bool = False,
         delete_checkpoint: bool = True,
+        save_every_seconds: float | None = None,
         **options: Any,
     ):
         super().__init__()
-        if save_freq != "epoch" and (isinstance(save_freq, bool) or not isinstance(save_freq, int) or save_freq < 1):
-            raise ValueError(f"save_freq must be 'epoch' or a positive integer, got {save_freq!r}")
         options.setdefault("storage", None)
         options["storage"] = options["storage"] or backup_dir
         self.save_freq = save_freq
         self.double_checkpoint = double_checkpoint  # every position is kept until retention removes it
         self.delete_checkpoint = delete_checkpoint
         # Objects are known only once fit() sets the model: filled in at on_train_begin.
-        self.manager = CheckpointManager(objects={}, options=CheckpointOptions.resolve(default_job="keras", **options))
+        self.manager = CheckpointManager(
+            objects={},
+            options=CheckpointOptions.resolve(default_job="keras", **options),
+            save_every=save_freq,  # checked by the cadence
+            save_every_seconds=save_every_seconds,
+        )
         self._epoch = 0
         self._skip_batches = 0
-        self._next_save_at = 0
         self._rng_after_skip: dict[str, Any] | None = None
 
     # -- restore -------------------------------------------------------------------------------
@@ -104,11 +111,8 @@ class BackupAndRestore(keras.callbacks.Callback):
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         self._epoch = epoch
         self.manager.epoch_rng = global_rng.capture()
-        self._next_save_at = self.save_freq if isinstance(self.save_freq, int) else 0
         if self._skip_batches and self.resume_position is not None and epoch == self.resume_position.epoch:
             self._install_skipper(self._skip_batches)
-            if isinstance(self.save_freq, int):
-                self._next_save_at = (self._skip_batches // self.save_freq + 1) * self.save_freq
         self._skip_batches = 0
 
     def _install_skipper(self, batches: int) -> None:
@@ -164,15 +168,15 @@ class BackupAndRestore(keras.callbacks.Callback):
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         done = batch + 1
         self.manager.checkpoint_if_preempted(self._epoch, done)
-        if not isinstance(self.save_freq, int):
+        if self.save_freq == "epoch" and self.manager.cadence.every_seconds is None:
             return
-        if self._next_save_at and done >= self._next_save_at:
-            self._next_save_at = (done // self.save_freq + 1) * self.save_freq
-            if done != self.params.get("steps"):  # the end-of-epoch checkpoint follows right away
-                self._save(Position(self._epoch, done), logs)
+        # At the epoch's last batch the end-of-epoch checkpoint follows right away.
+        if done != self.params.get("steps") and self.manager.due(self._epoch, batch=done):
+            self._save(Position(self._epoch, done), logs)
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-        self._save(Position(epoch, None), logs)
+        if self.manager.due(epoch):
+            self._save(Position(epoch, None), logs)
 
     def _save(self, position: Position, logs: dict | None) -> None:
         metrics = {k: float(v) for k, v in (logs or {}).items() if np.ndim(v) == 0 and np.isfinite(float(v))}

@@ -123,7 +123,7 @@ class CheckpointManager(LoopManager):
 
     def _started(self) -> None:
         """With async saves, allocate the staging buffers on a thread while the first epoch trains."""
-        if not (self.checkpointer.async_save and self.checkpointer.writes):
+        if not (self.checkpointer.options.async_save and self.checkpointer.writes):
             return
         layout = staging_layout(collect_variables(self._holders))
         self._staging_warm_up = threading.Thread(

@@ -5,6 +5,7 @@ wait and close. A framework manager says only how its objects become named host 
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -15,6 +16,7 @@ from ckptstore import Position, tracing
 from ckptstore.copies import Restored
 from ckptstore.schema import ResumeAudit
 from client.audit import audit, mid_epoch_without_data, refuse_drift
+from client.cadence import SaveCadence, SaveEvery
 from client.identity import NodeIdentity
 from client.node import NodeCheckpointer
 from client.options import CheckpointOptions
@@ -24,19 +26,32 @@ from client.state import snapshot_arrays
 
 __all__ = ["LoopManager"]
 
+log = logging.getLogger("ckptstore.client")
+
 
 class LoopManager:
     """Save and restore a training loop's state every epoch (or batch), through ckptstore.
 
     Options are `CheckpointOptions`' (storage, service, job, node, max_to_keep, async_save,
     on_error, strict, …), each defaulting to its CKPTSTORE_* variable where it has one.
+    `save_every` / `save_every_seconds`: when a `save()` call saves (client/cadence.py; by default,
+    every call does).
     """
 
     def __init__(
-        self, *, options: CheckpointOptions | None = None, identity: NodeIdentity | None = None, **settings: Any
+        self,
+        *,
+        options: CheckpointOptions | None = None,
+        identity: NodeIdentity | None = None,
+        save_every: SaveEvery = None,
+        save_every_seconds: float | None = None,
+        **settings: Any,
     ):
+        self.cadence = SaveCadence(save_every, save_every_seconds)
         self.options = options if options is not None else CheckpointOptions.resolve(**settings)
         self.checkpointer = NodeCheckpointer(self.options, identity=identity)
+        if self.cadence.every == "auto" and self.checkpointer.client is None:
+            log.warning("save_every='auto' follows the service's advice and there is no service: it saves each epoch")
         self.resume_position: Position | None = None
         self.audit: ResumeAudit | None = None  # the last restore's resume audit (None: none, or resume_check="off")
         self.preemption = PreemptionNotice(self.options.preemption_budget_s)
@@ -65,6 +80,11 @@ class LoopManager:
     def _started(self) -> None:
         """Called once the start is over (restored or fresh)."""
 
+    def _agree(self, due: bool) -> bool:
+        """Whether the processes that save together save now, from this one's `due` (a timed cadence
+        may decide differently on each; the one that writes decides)."""
+        return due
+
     # -- the loop's calls ------------------------------------------------------------------------
 
     def restore_or_initialize(self) -> int:
@@ -86,6 +106,8 @@ class LoopManager:
             self.checkpointer.resumed(restored, time.perf_counter() - started, self.audit)
         self.resume_position = None if restored is None else restored.copy.position
         self._started()
+        self.cadence.restart(self.resume_position)
+        self._follow_advice()
         position = self.resume_position
         if position is None:
             return 0
@@ -136,11 +158,33 @@ class LoopManager:
         metrics: Mapping[str, float] | None = None,
         metadata: Mapping[str, Any] | None = None,
     ) -> bool:
-        """Checkpoint the state at (epoch, batch: batches of `epoch` trained; None: the epoch is over);
-        returns once the state is copied to host memory (async saves) or committed. Returns whether it
-        saved: a process that does not write saves nothing, and a save that would wait behind one still
-        retrying a failing storage is skipped (counted and said; training goes on)."""
-        position, began = Position(epoch, batch), time.perf_counter()
+        """Checkpoint the state at (epoch, batch: batches of `epoch` trained; None: the epoch is over)
+        when the cadence says a save is due (`save_every`; by default every call saves); returns once
+        the state is copied to host memory (async saves) or committed. Returns whether it saved: not
+        when no save is due, nor in a process that does not write, nor when the save would wait behind
+        one still retrying a failing storage (then it is skipped, counted and said; training goes on)."""
+        position = Position(epoch, batch)
+        if not self.due(epoch, batch=batch):
+            return False
+        self.cadence.saved(position)
+        saved = self._save(position, step=step, metrics=metrics, metadata=metadata)
+        self._follow_advice()
+        return saved
+
+    def due(self, epoch: int, *, batch: int | None = None) -> bool:
+        """Whether a `save(epoch, batch=batch)` now would save (its cadence; not whether storage takes it)."""
+        due = self.cadence.due(Position(epoch, batch), writing=self.checkpointer.writing)
+        return self._agree(due) if self.cadence.timed else due
+
+    def _save(
+        self,
+        position: Position,
+        *,
+        step: int | None = None,
+        metrics: Mapping[str, float] | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> bool:
+        began = time.perf_counter()
         self._gather(collective=not self.preemption.pending)
         # The staging buffers are free once the previous write is done: `ready` waits for it, or skips.
         if not self.checkpointer.writes or not self.checkpointer.ready(position):
@@ -149,7 +193,7 @@ class LoopManager:
             views, described = self._capture()
             # An async save writes while training goes on: from a copy. A synchronous one is written
             # before training can change anything: straight from the views (a copy of the state saved).
-            arrays = snapshot_arrays(views, self._staging) if self.checkpointer.async_save else views
+            arrays = snapshot_arrays(views, self._staging) if self.checkpointer.options.async_save else views
             if span is not None:  # tracing on: the sum costs a pass over every array otherwise
                 tracing.set_attributes(span, bytes=sum(a.nbytes for a in arrays.values()))
         saved = self.checkpointer.save(
@@ -158,6 +202,13 @@ class LoopManager:
         if saved:  # what training waited for this save: the service's advice weighs it (server/advice.py)
             self.checkpointer.reports.stats("blocked", time.perf_counter() - began, 0)
         return saved
+
+    def _follow_advice(self) -> None:
+        """save_every="auto": keep the service's recommended interval for the job fresh (in the background)."""
+        client = self.checkpointer.client
+        if client is not None and self.checkpointer.writes:
+            job, node = self.checkpointer.job, self.checkpointer.node
+            self.cadence.refresh(lambda: client.advice(job), where=f"{job}/{node}")
 
     def _where(self, position: Position) -> dict[str, str]:
         """A span's attributes that say which checkpoint it is about."""
@@ -168,7 +219,7 @@ class LoopManager:
         if not self.preemption.pending:
             return
         if self.preemption.within_budget:
-            self.save(epoch, batch=batch)
+            self._save(Position(epoch, batch))
             self.checkpointer.wait()
         self.close()
         self.preemption.exit()

@@ -85,10 +85,9 @@ class NodeCheckpointer:
         self._retention = (
             None if self.client is None else Retention(self.client, self.job, self.node, self.tiers, self.reports)
         )
-        self._replicator = (
-            None
-            if self.local_store is None
-            else Replicator(
+        self._replicator: Replicator | None = None
+        if self.local_store is not None:
+            self._replicator = Replicator(
                 self.local_store,
                 self.store,
                 self.job,
@@ -96,7 +95,6 @@ class NodeCheckpointer:
                 on_replicated=self._replicated,
                 on_lost=self._lost_locally,
             )
-        )
         if self.writes and self.client is not None:
             self._check_declared_job(self.client)
 
@@ -239,8 +237,9 @@ class NodeCheckpointer:
         return True
 
     @property
-    def async_save(self) -> bool:
-        return self._writer is not None
+    def writing(self) -> bool:
+        """Whether a save is in flight: started and not yet committed on its first tier."""
+        return self._writer is not None and self._writer.busy
 
     def wait_for_write(self, *, grace: float = 0.0) -> None:
         """Block until the save in flight is committed on its first tier (or skipped) — or found retrying a

@@ -25,9 +25,10 @@ from sqlalchemy.orm import Session
 from ckptstore.telemetry_schema import Advice
 from server.models import Attempt, Checkpoint, Job, Stat
 
-__all__ = ["Start", "Progress", "Timing", "advise", "job_advice", "MIN_FAILURES"]
+__all__ = ["Start", "Progress", "Timing", "advise", "goodput_over_time", "job_advice", "job_goodput", "MIN_FAILURES"]
 
 MIN_FAILURES = 2
+PLOT_POINTS = 40
 
 
 @dataclass(frozen=True)
@@ -50,9 +51,12 @@ class Progress:
 
 @dataclass(frozen=True)
 class Timing:
+    """A save's or restore's reported time (`at`: when it was reported)."""
+
     node: str
     action: str
     seconds: float
+    at: float
 
 
 def _lost(starts: list[Start]) -> tuple[float, int]:
@@ -82,15 +86,18 @@ def _steps_per_second(progress: list[Progress]) -> float | None:
     return (stepped[-1][1] - stepped[0][1]) / (stepped[-1][0] - stepped[0][0])
 
 
-def advise(job: str, starts: list[Start], progress: list[Progress], timings: list[Timing]) -> Advice:
-    """The job's goodput and recommended interval from its records (see the module docstring)."""
+def advise(
+    job: str, starts: list[Start], progress: list[Progress], timings: list[Timing], *, until: float | None = None
+) -> Advice:
+    """The job's goodput and recommended interval from its records (see the module docstring);
+    `until`: the wall time ends there rather than at the latest record."""
     if not starts:
         return Advice(job=job, note="no process of this job has started yet")
     by_node: dict[str, list[Start]] = defaultdict(list)
     for start in starts:
         by_node[start.node].append(start)
     begun = min(s.started_at for s in starts)
-    wall = max([s.started_at for s in starts] + [p.at for p in progress]) - begun
+    wall = (until if until is not None else max([s.started_at for s in starts] + [p.at for p in progress])) - begun
     lost, failures = max((_lost(node_starts) for node_starts in by_node.values()), key=lambda lf: (lf[1], lf[0]))
     blocked, cost = _blocked(timings)
     mtbf = wall / failures if failures >= MIN_FAILURES and wall > 0 else None
@@ -120,8 +127,32 @@ def advise(job: str, starts: list[Start], progress: list[Progress], timings: lis
     )
 
 
-def job_advice(session: Session, job: Job) -> Advice:
-    """`advise` over the job's attempts, commits and timings as the database holds them."""
+def goodput_over_time(
+    job: str, starts: list[Start], progress: list[Progress], timings: list[Timing], *, points: int = PLOT_POINTS
+) -> list[tuple[float, float]]:
+    """The job's goodput as it stood at `points` moments from its first start to its latest record:
+    `advise` over the records up to each (the dashboard's plot)."""
+    if not starts:
+        return []
+    begun = min(s.started_at for s in starts)
+    end = max([s.started_at for s in starts] + [p.at for p in progress])
+    series = []
+    for i in range(1, points + 1):
+        moment = begun + (end - begun) * i / points
+        advice = advise(
+            job,
+            [s for s in starts if s.started_at <= moment],
+            [p for p in progress if p.at <= moment],
+            [t for t in timings if t.at <= moment],
+            until=moment,
+        )
+        if advice.goodput is not None:
+            series.append((moment, advice.goodput))
+    return series
+
+
+def _records(session: Session, job: Job) -> tuple[list[Start], list[Progress], list[Timing]]:
+    """The job's starts, commits and timings as the database holds them."""
     committed_at: dict[tuple[int, int], float] = {}  # a position's first commit, on any node
     for epoch, key, at in session.execute(
         select(Checkpoint.epoch, Checkpoint.batch_key, Checkpoint.created_at).where(Checkpoint.job_id == job.id)
@@ -143,9 +174,20 @@ def job_advice(session: Session, job: Job) -> Advice:
         )
     ]
     timings = [
-        Timing(node, action, seconds)
-        for node, action, seconds in session.execute(
-            select(Stat.node, Stat.action, Stat.seconds).where(Stat.job_id == job.id)
+        Timing(*row)
+        for row in session.execute(
+            select(Stat.node, Stat.action, Stat.seconds, Stat.created_at).where(Stat.job_id == job.id)
         )
     ]
-    return advise(job.name, starts, progress, timings)
+    return starts, progress, timings
+
+
+def job_advice(session: Session, job: Job) -> Advice:
+    """`advise` over the job's attempts, commits and timings as the database holds them."""
+    return advise(job.name, *_records(session, job))
+
+
+def job_goodput(session: Session, job: Job) -> tuple[Advice, list[tuple[float, float]]]:
+    """The job's advice and its goodput over time (the dashboard's job page), from one read."""
+    records = _records(session, job)
+    return advise(job.name, *records), goodput_over_time(job.name, *records)

@@ -13,7 +13,8 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from ckptstore.position import Position
-from ckptstore.telemetry_schema import NodeHealth
+from ckptstore.telemetry_schema import Advice, NodeHealth
+from server.advice import job_advice, job_goodput
 from server.aggregate import (
     AGGREGATE_NODES,
     SHOWN_NODES,
@@ -88,6 +89,8 @@ class JobDetail:
     laggards: list[Laggard] = field(default_factory=list)
     behind: int = 0  # nodes whose newest intact copy is older than the newest position
     health_more: int = 0  # a large job lists SHOWN_NODES nodes that are not ok: how many more are not
+    advice: Advice | None = None  # goodput and the recommended interval (server/advice.py)
+    goodput: list[tuple[float, float]] = field(default_factory=list)  # (when, goodput then), oldest first
 
 
 def _newest_position(session: Session, job: Job) -> Position | None:
@@ -186,6 +189,8 @@ def job_detail(session: Session, job: Job, *, page: int, stale_after: float) -> 
     attempts = list(
         session.scalars(select(Attempt).where(Attempt.job_id == job.id).order_by(Attempt.started_at.desc()).limit(50))
     )
+    # A large job's page gives the advice without its plot: replaying its history point by point costs too much.
+    advice, goodput = (job_advice(session, job), []) if aggregate is not None else job_goodput(session, job)
     return JobDetail(
         name=job.name,
         storage_root=job.storage_root,
@@ -208,6 +213,8 @@ def job_detail(session: Session, job: Job, *, page: int, stale_after: float) -> 
         laggards=shown_laggards,
         behind=behind,
         health_more=health_more,
+        advice=advice,
+        goodput=goodput,
     )
 
 

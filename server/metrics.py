@@ -8,9 +8,9 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from ckptstore.telemetry_schema import ReplicationLag
+from ckptstore.telemetry_schema import Advice, ReplicationLag
 
-__all__ = ["METRICS", "Metrics", "replication_metrics"]
+__all__ = ["METRICS", "Metrics", "scrape_metrics"]
 
 
 class Metrics:
@@ -68,8 +68,35 @@ class _Replication(Collector):
         yield lag
 
 
-def replication_metrics(lags: dict[str, dict[str, ReplicationLag]]) -> bytes:
-    """Replication gauges per job and node, read from the records at scrape time (every replica agrees)."""
+class _Advice(Collector):
+    """Each recently active job's goodput, its parts and the recommended interval (server/advice.py)."""
+
+    FIELDS = (
+        ("goodput", "ckptstore_job_goodput_ratio", "share of the job's wall time spent training"),
+        ("wall_seconds", "ckptstore_job_wall_seconds", "the job's wall time so far"),
+        ("lost_seconds", "ckptstore_job_lost_seconds", "work redone after failures"),
+        ("blocked_seconds", "ckptstore_job_blocked_seconds", "time training waited for saves and restores"),
+        ("failures", "ckptstore_job_failures", "restarts of the job's most restarted node"),
+        ("interval_seconds", "ckptstore_job_recommended_interval_seconds", "Young/Daly checkpoint interval"),
+    )
+
+    def __init__(self, advice: list[Advice]):
+        self.advice = advice
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        for field, name, documentation in self.FIELDS:
+            family = GaugeMetricFamily(name, documentation, labels=["job"])
+            for answer in sorted(self.advice, key=lambda a: a.job):
+                value = getattr(answer, field)
+                if value is not None:  # a history too short for it: no sample, rather than a made-up one
+                    family.add_metric([answer.job], float(value))
+            yield family
+
+
+def scrape_metrics(lags: dict[str, dict[str, ReplicationLag]], advice: list[Advice]) -> bytes:
+    """The gauges read from the records at scrape time (every replica agrees): replication per job and
+    node, and the operations advice per recently active job."""
     registry = CollectorRegistry()
     registry.register(_Replication(lags))
+    registry.register(_Advice(advice))
     return generate_latest(registry)

@@ -93,11 +93,14 @@ def _position(position: Position | None) -> str:
     return str(position.epoch) if position.batch is None else f"{position.epoch}.b{position.batch}"
 
 
-def _sparkline(values: list[float], width: int = 420, height: int = 60) -> str:
-    """SVG polyline points for `values`, scaled into width × height (empty when fewer than 2)."""
+def _sparkline(
+    values: list[float], width: int = 420, height: int = 60, *, bounds: tuple[float, float] | None = None
+) -> str:
+    """SVG polyline points for `values`, scaled into width × height — from their least to their greatest,
+    or over `bounds` (low, high) — (empty when fewer than 2)."""
     if len(values) < 2:
         return ""
-    low, high = min(values), max(values)
+    low, high = bounds if bounds is not None else (min(values), max(values))
     span = (high - low) or 1.0
     step = width / (len(values) - 1)
     return " ".join(f"{i * step:.1f},{height - (v - low) / span * (height - 4) - 2:.1f}" for i, v in enumerate(values))
@@ -111,7 +114,15 @@ def _human_bytes(n: float) -> str:
     return f"{n} B"
 
 
-templates.globals.update(when=_when, position=_position, human_bytes=_human_bytes)
+def _duration(seconds: float) -> str:
+    """Seconds as a person reads them: 42 s, 7.5 min, 3.2 h, 2.1 d."""
+    for unit, size in (("d", 86_400), ("h", 3_600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f} {unit}"
+    return f"{seconds:.0f} s" if seconds >= 10 else f"{seconds:.2g} s"
+
+
+templates.globals.update(when=_when, position=_position, human_bytes=_human_bytes, duration=_duration)
 
 
 def _page(
@@ -184,6 +195,7 @@ def job_page(
         window=GRID_WINDOW,
         sizes=_sparkline([float(n) for _, n in detail.sizes]),
         saves=_sparkline(detail.save_seconds),
+        goodput=_sparkline([share for _, share in detail.goodput], bounds=(0.0, 1.0)),
     )
 
 

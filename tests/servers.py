@@ -97,7 +97,7 @@ class Nginx:
     """Debian's nginx on a free loopback port, a round-robin proxy (the documented `location /`) in
     front of `upstreams` ("127.0.0.1:port"), its files under `prefix`."""
 
-    def __init__(self, prefix: str, upstreams: list[str]):
+    def __init__(self, prefix: str, upstreams: list[str], *, worker_connections: int = 1024):
         binary = shutil.which("nginx") or "/usr/sbin/nginx"
         if not os.path.exists(binary):
             raise RuntimeError("nginx is not installed: scripts/test.sh installs Debian's nginx")
@@ -113,7 +113,7 @@ class Nginx:
                     worker_processes 1;
                     error_log {prefix}/logs/error.log;
                     pid {prefix}/nginx.pid;
-                    events {{ worker_connections 1024; }}
+                    events {{ worker_connections {worker_connections}; }}
                     http {{
                         access_log off;
                         client_body_temp_path {prefix}/body;

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import time
 
 import httpx
 import pytest
@@ -58,6 +59,7 @@ def seed(url: str, root: str, token: str | None = None) -> None:
         client.report_health("demo", "n0", AccessReport(True, 2.5, None))
         client.report_health("demo", "n1", AccessReport(True, 3.1, None))
         seed_tiers(client, url, token, root)
+        seed_history(client, url, token, root)
         client.put_job("long", ["solo"], storage_root=root)
         attempt = client.start_attempt("long", "solo")
         for epoch in range(65):
@@ -88,6 +90,36 @@ def seed_tiers(client: ServiceClient, url: str, token: str | None, root: str) ->
     client.report_audit("tiered", "t1", restart, audit)
 
 
+def seed_history(client: ServiceClient, url: str, token: str | None, root: str) -> None:
+    """Job `advised` (node a0): 14 epochs and 4 starts — 3 failures, each redoing 600 s of work —,
+    every save blocking training 2 s. `lay_out_history` then spreads it over 8,400 s."""
+    client.put_job("advised", ["a0"], storage_root=root)
+    attempt = client.start_attempt("advised", "a0")
+    for epoch in range(14):
+        if epoch in (5, 8, 11):
+            attempt = client.start_attempt("advised", "a0")
+            client.report_resume("advised", "a0", attempt, resumed_from=Position(epoch - 1), skipped=[])
+        commit(url, token, root, "advised", "a0", Position(epoch), attempt)
+        client.report_stats("advised", "a0", "blocked", 2.0, nbytes=0)
+
+
+def lay_out_history(database: str) -> None:
+    """Timestamps of job `advised`, set by SQL: epoch e committed at 600·(e+1) s, each save's report
+    with it; the restarts at 3,600, 5,400 and 7,200 s, each 600 s after the commit it resumed from."""
+    import sqlite3
+
+    base = time.time() - 9000
+    with sqlite3.connect(database) as db:
+        job = db.execute("SELECT id FROM jobs WHERE name = 'advised'").fetchone()[0]
+        db.execute("UPDATE checkpoints SET created_at = ? + 600 * (epoch + 1) WHERE job_id = ?", (base, job))
+        starts = {1: 0, 2: 3600, 3: 5400, 4: 7200}
+        for number, at in starts.items():
+            db.execute("UPDATE attempts SET started_at = ? WHERE job_id = ? AND number = ?", (base + at, job, number))
+        rows = [r[0] for r in db.execute("SELECT rowid FROM stats WHERE job_id = ? ORDER BY rowid", (job,))]
+        for i, rowid in enumerate(rows):
+            db.execute("UPDATE stats SET created_at = ? WHERE rowid = ?", (base + 600 * (i + 1), rowid))
+
+
 @pytest.fixture(scope="module")
 def browser():
     from playwright.sync_api import sync_playwright
@@ -104,6 +136,7 @@ def browser():
 def start(tmp_path, **overrides) -> LiveService:
     live = LiveService(service_settings(str(tmp_path), f"sqlite:///{tmp_path}/ui.db", **overrides))
     seed(live.url, live.settings.default_storage, token=overrides.get("token"))
+    lay_out_history(f"{tmp_path}/ui.db")
     return live
 
 
@@ -140,7 +173,7 @@ def test_jobs_page_then_job_page_show_the_seeded_states(browser, service):
     header = page.locator("th.pos.last-good")
     assert header.count() == 1 and "3" in header.inner_text() and "★" in header.inner_text()
     assert "15 committed, 1 missing, 1 corrupt, 1 deleted" in page.locator(".counts").inner_text()
-    assert page.locator("svg polyline").count() == 2, "size and save-time plots"
+    assert page.locator("svg polyline").count() == 3, "size, save-time and goodput plots"
     assert page.locator("table.attempts tbody tr").count() == 3
     page.screenshot(path=os.path.join(ARTIFACTS, "job.png"), full_page=True)
     page.get_by_text("← all jobs").click()
@@ -169,6 +202,23 @@ def test_the_job_page_shows_tiers_replication_lag_and_skipped_copies(browser, se
     audited = page.locator('table.attempts td.audit[data-verdict="drift"]')
     assert "optimizer: saved Adam, restoring into AdamW" in audited.inner_text(), "the restart's resume audit"
     page.screenshot(path=os.path.join(ARTIFACTS, "tiers.png"), full_page=True)
+    page.close()
+
+
+def test_the_job_page_shows_goodput_over_time_and_the_recommended_interval(browser, service):
+    page = browser.new_page(viewport={"width": 1300, "height": 1100})
+    page.goto(service.url + "/ui/jobs/advised")
+    advice = httpx.get(f"{service.url}/v1/jobs/advised/advice", timeout=10).json()
+    want = (8400 - 3 * 600 - 14 * 2.0) / 8400
+    assert advice["goodput"] == pytest.approx(want) and advice["failures"] == 3
+    shown = page.locator("#goodput")
+    assert float(shown.get_attribute("data-goodput")) == pytest.approx(want, abs=1e-4)
+    assert shown.inner_text().startswith("78.2 %") and "2.3 h" in shown.inner_text()
+    # Young/Daly: √(2 · 2 s · 8,400 s / 3 failures) = 105.8 s; 130 steps over 7,800 s → 2 steps
+    assert page.locator("#interval").inner_text().startswith("every 1.8 min ≈ 2 steps")
+    assert page.locator('svg[aria-label="goodput over time"] polyline').count() == 1
+    page.locator("#advice").scroll_into_view_if_needed()
+    page.screenshot(path=os.path.join(ARTIFACTS, "goodput.png"), full_page=True)
     page.close()
 
 

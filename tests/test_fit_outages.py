@@ -14,8 +14,9 @@ from tests.live import LiveService, ScratchPostgres, postgres_available
 from tests.servers import MotoS3
 
 
-def fit(callback, *extra, epochs: int = 6):
-    """The deterministic tiny job of tests.train_job, in this process."""
+def fit(callback, *extra, epochs: int = 6, extra_callbacks=()):
+    """The deterministic tiny job of tests.train_job, in this process (`extra`: hooks called with each
+    epoch as it begins)."""
     import keras
 
     from tests.train_job import BATCH, data, make_model
@@ -26,7 +27,14 @@ def fit(callback, *extra, epochs: int = 6):
                 hook(epoch)
 
     model = make_model()
-    model.fit(*data(), batch_size=BATCH, epochs=epochs, shuffle=False, verbose=0, callbacks=[callback, Hooks()])
+    model.fit(
+        *data(),
+        batch_size=BATCH,
+        epochs=epochs,
+        shuffle=False,
+        verbose=0,
+        callbacks=[callback, Hooks(), *extra_callbacks],
+    )
     return model
 
 

@@ -3,12 +3,14 @@
     python -m tests.torch_job --storage ROOT --job J --out FINAL.npz [--service URL]
                               [--loader plain|stateful] [--kill-epoch E --kill-batch B]
                               [--per-rank [--die-before-save-epoch E --die-before-save-batch B]]
+                              [--save-every-seconds S]
 
 Dropout, AdamW, a per-batch LR scheduler and a loader shuffled by ckptstore's ResumableSampler (the
 plain DataLoader, or torchdata's StatefulDataLoader with worker processes); saves every 3 batches and at each epoch's
 end. Under RANK/WORLD_SIZE it joins a gloo process group: by default a DDP job (replicated state),
 with --per-rank every rank trains its own model on its own data. --kill-* SIGKILLs the process before
-training that batch (after the save in flight is committed). Prints `RESUMED <epoch> <batch>` or
+training that batch (after the save in flight is committed). --save-every-seconds: the loop calls
+`save()` after every batch and the manager's timed cadence decides. Prints `RESUMED <epoch> <batch>` or
 `FRESH` first; writes every parameter, optimizer and scheduler value to --out.
 """
 
@@ -87,6 +89,7 @@ def main() -> None:
     parser.add_argument("--per-rank", action="store_true")
     parser.add_argument("--die-before-save-epoch", type=int, default=None)
     parser.add_argument("--die-before-save-batch", type=int, default=None)
+    parser.add_argument("--save-every-seconds", type=float, default=None)
     args = parser.parse_args()
 
     import torch.distributed as dist
@@ -121,6 +124,7 @@ def main() -> None:
         replicated=not args.per_rank,
         max_to_keep=None,
         resume_check=args.resume_check,
+        save_every_seconds=args.save_every_seconds,
     )
     start = manager.restore_or_initialize()
     resumed = manager.resume_position
@@ -138,7 +142,9 @@ def main() -> None:
             scheduler.step()
             if distributed and args.per_rank:
                 dist.barrier()  # the ranks of a job step together (as their collectives would make them)
-            if (batch + 1) % SAVE_EVERY == 0 and batch + 1 < SAMPLES // BATCH:
+            if args.save_every_seconds is not None and batch + 1 < SAMPLES // BATCH:
+                manager.save(epoch, batch=batch + 1)  # the cadence decides
+            elif (batch + 1) % SAVE_EVERY == 0 and batch + 1 < SAMPLES // BATCH:
                 if (epoch, batch + 1) == (args.die_before_save_epoch, args.die_before_save_batch):
                     if rank == 1:
                         manager.wait()  # what it saved before is in; this position it never commits

@@ -28,6 +28,7 @@ import torch
 
 from ckptstore.deferred import VerifiedTensors
 from ckptstore.fingerprint import FINGERPRINT_KEY
+from client.cadence import SaveEvery
 from client.identity import NodeIdentity
 from client.manager import LoopManager
 from client.options import CheckpointOptions
@@ -92,6 +93,8 @@ class CheckpointManager(LoopManager):
         objects: Mapping[str, Any],
         options: CheckpointOptions | None = None,
         replicated: bool = True,
+        save_every: SaveEvery = None,
+        save_every_seconds: float | None = None,
         **settings: Any,
     ):
         for name, obj in objects.items():
@@ -105,7 +108,9 @@ class CheckpointManager(LoopManager):
             world = _world_size()
             nodes = ["node-0"] if replicated else [f"node-{rank}" for rank in range(world)]
             options = dataclasses.replace(options, nodes=options.nodes or nodes)
-        super().__init__(options=options, identity=identity)
+        super().__init__(
+            options=options, identity=identity, save_every=save_every, save_every_seconds=save_every_seconds
+        )
         self.objects = dict(objects)
         self.replicated = replicated
         self._rank_rngs: list[Any] | None = None  # every rank's (RNG, seed), gathered for the save (rank 0 writes)
@@ -130,6 +135,17 @@ class CheckpointManager(LoopManager):
         gathered: list[Any] | None = [None] * size if rank == 0 else None
         dist.gather_object((rng_state(), torch.initial_seed()), gathered, dst=0)
         self._rank_rngs = gathered
+
+    def _agree(self, due: bool) -> bool:
+        """Under torch.distributed every rank saves when rank 0 (the clock of a timed cadence) says so."""
+        import torch.distributed as dist
+
+        size, _ = self._world()
+        if size == 1:
+            return due
+        decision = [due]
+        dist.broadcast_object_list(decision, src=0)
+        return bool(decision[0])
 
     def _capture(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         views: dict[str, np.ndarray] = {}

@@ -9,13 +9,16 @@ from fastapi.responses import PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import select, text
 
+from server.advice import job_advice
 from server.deps import DbDep
 from server.errors import ApiError
-from server.metrics import METRICS, replication_metrics
-from server.models import Job
+from server.metrics import METRICS, scrape_metrics
+from server.models import Attempt, Job
 from server.telemetry import replication_lag
 
-__all__ = ["router"]
+__all__ = ["router", "ADVICE_WINDOW_S"]
+
+ADVICE_WINDOW_S = 86_400.0  # /metrics gives the advice of jobs with a process started this recently
 
 router = APIRouter(tags=["operations"])
 
@@ -37,9 +40,12 @@ def readyz(db: DbDep) -> dict[str, str]:
 
 @router.get("/metrics", response_class=PlainTextResponse, responses={200: {"content": {"text/plain": {}}}})
 def metrics(db: DbDep) -> Response:
-    """Prometheus metrics (text exposition format), with replication lag per node of jobs with a local tier."""
+    """Prometheus metrics (text exposition format), with replication lag per node of jobs with a local
+    tier, and goodput and the recommended interval of jobs that started a process in the last day."""
     now = time.time()
     with db.read() as session:
         jobs = session.scalars(select(Job).where(Job.local_root.is_not(None)))
         lags = {job.name: replication_lag(session, job, now=now) for job in jobs}
-    return Response(generate_latest(METRICS.registry) + replication_metrics(lags), media_type=CONTENT_TYPE_LATEST)
+        recent = select(Attempt.job_id).where(Attempt.started_at > now - ADVICE_WINDOW_S).distinct()
+        advice = [job_advice(session, job) for job in session.scalars(select(Job).where(Job.id.in_(recent)))]
+    return Response(generate_latest(METRICS.registry) + scrape_metrics(lags, advice), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,212 @@
+"""A restart storm: every node of a 4,096-node job restarts at once (a cluster-wide preemption) and
+asks the service what a starting client asks, in the client's order — and the commit tail on
+PostgreSQL at 64 connections on the batch route.
+
+    python bench/storm.py [--nodes 4096] [--setups sqlite-1 postgres-1 postgres-3] [--commit-duration 10]
+                          [--out FILE]
+
+- storm: the job is declared with `--nodes` nodes, each of which committed epoch 0 (epoch 0 is
+  good). Then every node at once, one keep-alive connection each (raw HTTP/1.1, asyncio: the client
+  costs little CPU), makes a restarting `NodeCheckpointer`'s requests: `GET /v1/jobs/{job}` twice
+  (the declared-job check, then `declare_job`), `POST …/nodes/{node}/attempts`, `GET
+  …/last-good-epoch` — **its answer is the node's resume position: the "first answer"** —, `PUT
+  …/attempts/{n}` (where it resumed), then `GET …/resume-agreement` every 0.2 s until every node
+  agreed. Per node, seconds from the storm's start to its first answer and to the agreement:
+  p50 / p99 / max, and the statuses. Setups: SQLite with 1 service process; PostgreSQL with 1, and
+  3 replicas (1 process each) behind Debian's nginx (SQLite is one file on one machine: replicas
+  need PostgreSQL, docs/operations.md).
+- commit_tail: `bench/scale.py`'s commits phase — wrk, 64 connections, one new position per
+  request on `POST …/checkpoints/batch`, 1,000 jobs × 8 nodes — on PostgreSQL, 1 process and 3
+  replicas behind nginx: requests/s, p50 / p99.
+Needs nginx and wrk (Debian packages) and the machine's PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import re
+import resource
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench.scale import commit, get_json, post, send_all  # noqa: E402
+from bench.service import make_database, populate, run_wrk, start_service  # noqa: E402
+from server.migrate import migrate  # noqa: E402
+from tests.servers import Nginx, free_port  # noqa: E402
+
+JOB = "storm"
+AGREEMENT_POLL_S = 0.2  # client/restore.py's
+
+
+def raise_open_files() -> None:
+    """One connection per node: the soft limit on open files up to the hard one."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+@contextmanager
+def services(url: str, replicas: int, root: str, tmp: str) -> Iterator[int]:
+    """`replicas` service processes (1 worker each) on `url`; the port to talk to (nginx's for several)."""
+    with ExitStack() as stack:
+        ports = [free_port() for _ in range(replicas)]
+        for port in ports:
+            process = start_service(url, port, 1, root)
+            stack.callback(process.wait)
+            stack.callback(process.terminate)
+        if replicas == 1:
+            yield ports[0]
+            return
+        proxy = Nginx(f"{tmp}/nginx", [f"127.0.0.1:{p}" for p in ports], worker_connections=16384)
+        stack.callback(proxy.stop)
+        yield proxy.port
+
+
+def prepare(port: int, nodes: list[str], root: str) -> None:
+    """Declare the job and commit epoch 0 on every node (attempt 1), until epoch 0 is good."""
+    declare = post(f"/v1/jobs/{JOB}", {"nodes": nodes, "storage_root": root}).replace(b"POST", b"PUT", 1)
+    asyncio.run(send_all(port, [declare], connections=1))
+    asyncio.run(send_all(port, [post(f"/v1/jobs/{JOB}/nodes/{n}/attempts", {}) for n in nodes]))
+    bodies = [post(f"/v1/jobs/{JOB}/checkpoints/batch", {"commits": [{"node": n, **commit(root, n)}]}) for n in nodes]
+    _, statuses = asyncio.run(send_all(port, bodies))
+    assert set(statuses) == {201}, Counter(statuses)
+    while get_json(port, f"/v1/jobs/{JOB}/last-good-epoch").get("epoch") != 0:
+        time.sleep(0.05)
+
+
+def request(method: str, path: str, body: dict | None = None, headers: str = "") -> bytes:
+    data = b"" if body is None else json.dumps(body).encode()
+    head = f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{headers}Content-Type: application/json\r\n"
+    return (head + f"Content-Length: {len(data)}\r\n\r\n").encode() + data
+
+
+async def exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, message: bytes) -> tuple[int, dict]:
+    writer.write(message)
+    header = await reader.readuntil(b"\r\n\r\n")
+    length = re.search(rb"content-length: (\d+)", header, re.I)
+    body = await reader.readexactly(int(length.group(1))) if length else b""
+    return int(header[9:12]), json.loads(body) if body else {}
+
+
+async def restart(port: int, node: str, began: float, statuses: Counter) -> tuple[float, float]:
+    """One node's restart, as a NodeCheckpointer makes it: seconds to its resume position, to agreement."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+
+        async def ask(message: bytes) -> dict:
+            status, answer = await exchange(reader, writer, message)
+            statuses[status] += 1
+            if status >= 400:
+                raise RuntimeError(f"{node}: {status} {answer}")
+            return answer
+
+        await ask(request("GET", f"/v1/jobs/{JOB}"))
+        await ask(request("GET", f"/v1/jobs/{JOB}"))
+        key = f"Idempotency-Key: {node}-storm\r\n"
+        attempt = await ask(request("POST", f"/v1/jobs/{JOB}/nodes/{node}/attempts", {}, key))
+        resume = (await ask(request("GET", f"/v1/jobs/{JOB}/last-good-epoch")))["resume"]
+        first_answer = time.perf_counter() - began
+        number = attempt["attempt"]
+        await ask(request("PUT", f"/v1/jobs/{JOB}/nodes/{node}/attempts/{number}", {"resumed_from": resume}))
+        while not (await ask(request("GET", f"/v1/jobs/{JOB}/resume-agreement")))["agreed"]:
+            await asyncio.sleep(AGREEMENT_POLL_S)
+        return first_answer, time.perf_counter() - began
+    finally:
+        writer.close()
+
+
+async def storm_once(port: int, nodes: list[str]) -> dict:
+    statuses: Counter = Counter()
+    began = time.perf_counter()
+    results = await asyncio.gather(*(restart(port, n, began, statuses) for n in nodes), return_exceptions=True)
+    failed = [r for r in results if isinstance(r, BaseException)]
+    done = [r for r in results if not isinstance(r, BaseException)]
+
+    def spread(values: list[float]) -> dict:
+        ordered = sorted(values)
+        return {
+            "p50_s": statistics.median(ordered),
+            "p99_s": ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))],
+            "max_s": ordered[-1],
+        }
+
+    return {
+        "nodes": len(nodes),
+        "first_answer": spread([first for first, _ in done]) if done else None,
+        "agreed": spread([agreed for _, agreed in done]) if done else None,
+        "statuses": dict(statuses),
+        "failed": len(failed),
+        "first_failure": repr(failed[0])[:300] if failed else None,
+    }
+
+
+def storm(setup: str, count: int) -> dict:
+    kind, replicas = setup.split("-")
+    tmp = tempfile.mkdtemp(prefix="ckptstore-storm-")
+    url, drop = make_database(kind, tmp)
+    root = f"{tmp}/storage"
+    nodes = [f"w{i:04d}" for i in range(count)]
+    try:
+        migrate(url)
+        with services(url, int(replicas), root, tmp) as port:
+            prepare(port, nodes, root)
+            return asyncio.run(storm_once(port, nodes))
+    finally:
+        drop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def commit_tail(replicas: int, duration: int) -> dict:
+    tmp = tempfile.mkdtemp(prefix="ckptstore-storm-")
+    url, drop = make_database("postgres", tmp)
+    root = f"{tmp}/storage"
+    try:
+        migrate(url)
+        populate(url, 1000, 8, 10, root)
+        with services(url, replicas, root, tmp) as port:
+            return run_wrk(port, "commit", duration, 1000, 8, root, salt=3, connections=64)
+    finally:
+        drop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=4096)
+    parser.add_argument("--setups", nargs="+", default=["sqlite-1", "postgres-1", "postgres-3"])
+    parser.add_argument("--commit-duration", type=int, default=10, help="seconds of each commit-tail run (0: none)")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    raise_open_files()
+    results: dict = {
+        "command": " ".join(["python", "bench/storm.py", *sys.argv[1:]]),
+        "machine": f"{platform.platform()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+    }
+
+    def record(key: str, value: object) -> None:
+        results[key] = value
+        print(key, json.dumps(value), flush=True)
+        if args.out:
+            with open(args.out, "w") as handle:
+                json.dump(results, handle, indent=1)
+
+    for setup in args.setups:
+        record(f"storm/{setup}", storm(setup, args.nodes))
+    if args.commit_duration:
+        for replicas in (1, 3):
+            record(f"commit_tail/postgres-{replicas}", commit_tail(replicas, args.commit_duration))
+
+
+if __name__ == "__main__":
+    main()

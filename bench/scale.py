@@ -108,9 +108,9 @@ def post(path: str, body: dict) -> bytes:
     return head.encode() + data
 
 
-def commit(root: str, node: str) -> dict:
-    """A commit of epoch 0 by attempt 1 of `node` of job `big`."""
-    return {"epoch": 0, "attempt": 1, "location": f"{root}/big/{node}/0000000000/1", "bytes": 1, "checksums": {}}
+def commit(root: str, node: str, job: str = "big") -> dict:
+    """A commit of epoch 0 by attempt 1 of `node` of `job`."""
+    return {"epoch": 0, "attempt": 1, "location": f"{root}/{job}/{node}/0000000000/1", "bytes": 1, "checksums": {}}
 
 
 def get_json(port: int, path: str) -> dict:

@@ -78,7 +78,7 @@ def prepare(port: int, nodes: list[str], root: str) -> None:
     declare = post(f"/v1/jobs/{JOB}", {"nodes": nodes, "storage_root": root}).replace(b"POST", b"PUT", 1)
     asyncio.run(send_all(port, [declare], connections=1))
     asyncio.run(send_all(port, [post(f"/v1/jobs/{JOB}/nodes/{n}/attempts", {}) for n in nodes]))
-    bodies = [post(f"/v1/jobs/{JOB}/checkpoints/batch", {"commits": [{"node": n, **commit(root, n)}]}) for n in nodes]
+    bodies = [post(f"/v1/jobs/{JOB}/checkpoints/batch", {"commits": [{"node": n, **commit(root, n, JOB)}]}) for n in nodes]
     _, statuses = asyncio.run(send_all(port, bodies))
     assert set(statuses) == {201}, Counter(statuses)
     while get_json(port, f"/v1/jobs/{JOB}/last-good-epoch").get("epoch") != 0:

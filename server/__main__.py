@@ -63,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         host=settings.host,
         port=settings.port,
         workers=settings.workers,
+        backlog=4096,  # a whole 4,096-node job reconnecting at once is queued, not refused (bench/storm.py)
         loop="uvloop",
         http=BoundedHttpToolsProtocol,
         log_level=settings.log_level.lower(),

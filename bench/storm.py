@@ -10,8 +10,9 @@ PostgreSQL at 64 connections on the batch route.
   costs little CPU), makes a restarting `NodeCheckpointer`'s requests: `GET /v1/jobs/{job}` twice
   (the declared-job check, then `declare_job`), `POST …/nodes/{node}/attempts`, `GET
   …/last-good-epoch` — **its answer is the node's resume position: the "first answer"** —, `PUT
-  …/attempts/{n}` (where it resumed), then `GET …/resume-agreement` every 0.2 s until every node
-  agreed. Per node, seconds from the storm's start to its first answer and to the agreement:
+  …/attempts/{n}` (where it resumed), then `GET …/resume-agreement` until every node agreed, waiting
+  between polls as the client does (`client.restore.agreement_poll_s`: 0.2 s growing to 2 s,
+  jittered). A connection the service closed is opened again (as httpx's pool does), and counted. Per node, seconds from the storm's start to its first answer and to the agreement:
   p50 / p99 / max, and the statuses. Setups: SQLite with 1 service process; PostgreSQL with 1, and
   3 replicas (1 process each) behind Debian's nginx (SQLite is one file on one machine: replicas
   need PostgreSQL, docs/operations.md).
@@ -43,11 +44,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.scale import commit, get_json, post, send_all  # noqa: E402
 from bench.service import make_database, populate, run_wrk, start_service  # noqa: E402
+from client.restore import agreement_poll_s  # noqa: E402
 from server.migrate import migrate  # noqa: E402
 from tests.servers import Nginx, free_port  # noqa: E402
 
 JOB = "storm"
-AGREEMENT_POLL_S = 0.2  # client/restore.py's
 
 
 def raise_open_files() -> None:
@@ -78,7 +79,9 @@ def prepare(port: int, nodes: list[str], root: str) -> None:
     declare = post(f"/v1/jobs/{JOB}", {"nodes": nodes, "storage_root": root}).replace(b"POST", b"PUT", 1)
     asyncio.run(send_all(port, [declare], connections=1))
     asyncio.run(send_all(port, [post(f"/v1/jobs/{JOB}/nodes/{n}/attempts", {}) for n in nodes]))
-    bodies = [post(f"/v1/jobs/{JOB}/checkpoints/batch", {"commits": [{"node": n, **commit(root, n, JOB)}]}) for n in nodes]
+    bodies = [
+        post(f"/v1/jobs/{JOB}/checkpoints/batch", {"commits": [{"node": n, **commit(root, n, JOB)}]}) for n in nodes
+    ]
     _, statuses = asyncio.run(send_all(port, bodies))
     assert set(statuses) == {201}, Counter(statuses)
     while get_json(port, f"/v1/jobs/{JOB}/last-good-epoch").get("epoch") != 0:
@@ -99,31 +102,57 @@ async def exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, m
     return int(header[9:12]), json.loads(body) if body else {}
 
 
+class Connection:
+    """A node's keep-alive connection; a request the server closed the connection on (keep-alive timed
+    out under load) is sent again on a new one, as httpx's pool does."""
+
+    def __init__(self, port: int, statuses: Counter):
+        self.port, self.statuses = port, statuses
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def ask(self, message: bytes) -> dict:
+        for _ in range(3):
+            if self.writer is None:
+                self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
+            assert self.reader is not None
+            try:
+                status, answer = await exchange(self.reader, self.writer, message)
+            except (asyncio.IncompleteReadError, ConnectionError):
+                self.statuses["reconnected"] += 1
+                self.close()
+                continue
+            self.statuses[status] += 1
+            if status >= 400:
+                raise RuntimeError(f"{status} {answer}")
+            return answer
+        raise RuntimeError("the connection was closed three times")
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+        self.reader = self.writer = None
+
+
 async def restart(port: int, node: str, began: float, statuses: Counter) -> tuple[float, float]:
     """One node's restart, as a NodeCheckpointer makes it: seconds to its resume position, to agreement."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    connection = Connection(port, statuses)
     try:
-
-        async def ask(message: bytes) -> dict:
-            status, answer = await exchange(reader, writer, message)
-            statuses[status] += 1
-            if status >= 400:
-                raise RuntimeError(f"{node}: {status} {answer}")
-            return answer
-
-        await ask(request("GET", f"/v1/jobs/{JOB}"))
-        await ask(request("GET", f"/v1/jobs/{JOB}"))
+        await connection.ask(request("GET", f"/v1/jobs/{JOB}"))
+        await connection.ask(request("GET", f"/v1/jobs/{JOB}"))
         key = f"Idempotency-Key: {node}-storm\r\n"
-        attempt = await ask(request("POST", f"/v1/jobs/{JOB}/nodes/{node}/attempts", {}, key))
-        resume = (await ask(request("GET", f"/v1/jobs/{JOB}/last-good-epoch")))["resume"]
+        attempt = await connection.ask(request("POST", f"/v1/jobs/{JOB}/nodes/{node}/attempts", {}, key))
+        resume = (await connection.ask(request("GET", f"/v1/jobs/{JOB}/last-good-epoch")))["resume"]
         first_answer = time.perf_counter() - began
         number = attempt["attempt"]
-        await ask(request("PUT", f"/v1/jobs/{JOB}/nodes/{node}/attempts/{number}", {"resumed_from": resume}))
-        while not (await ask(request("GET", f"/v1/jobs/{JOB}/resume-agreement")))["agreed"]:
-            await asyncio.sleep(AGREEMENT_POLL_S)
+        await connection.ask(request("PUT", f"/v1/jobs/{JOB}/nodes/{node}/attempts/{number}", {"resumed_from": resume}))
+        polls = 0
+        while not (await connection.ask(request("GET", f"/v1/jobs/{JOB}/resume-agreement")))["agreed"]:
+            await asyncio.sleep(agreement_poll_s(polls))
+            polls += 1
         return first_answer, time.perf_counter() - began
     finally:
-        writer.close()
+        connection.close()
 
 
 async def storm_once(port: int, nodes: list[str]) -> dict:

@@ -188,12 +188,14 @@ class AttemptInfo(BaseModel):
 
 
 class ResumeAgreement(BaseModel):
-    """Whether every expected node verified its part of the resume position in this restart."""
+    """Whether every expected node verified its part of the resume position in this restart; the nodes
+    still waited for (the first 100 named, all counted)."""
 
     job: str
     resume: PositionBody | None
     agreed: bool
     waiting: list[str]
+    waiting_count: int = 0
 
 
 class CommitRequest(RequestModel):

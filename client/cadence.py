@@ -117,8 +117,8 @@ class SaveCadence:
         return bounded if self.every_seconds is None else min(bounded, self.every_seconds)
 
     def refresh(self, ask: Callable[[], Advice], *, where: str) -> None:
-        """ "auto": ask the service for the job's advice on a daemon thread, when it was not asked in the
-        last ADVICE_REFRESH_S (training never waits for it); a new interval is said on stderr."""
+        """Under "auto", ask the service for the job's advice on a daemon thread, when it was not asked in
+        the last ADVICE_REFRESH_S (training never waits for it); a new interval is said on stderr."""
         now = time.monotonic()
         if self.every != "auto" or (self._asked_at is not None and now - self._asked_at < ADVICE_REFRESH_S):
             return

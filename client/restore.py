@@ -14,6 +14,7 @@ started from scratch silently.
 from __future__ import annotations
 
 import logging
+import random
 import time
 from collections.abc import Mapping
 from dataclasses import replace
@@ -30,10 +31,18 @@ from ckptstore.names import Tier
 from ckptstore.schema import SkippedCopy
 from client.service import ServiceClient
 
-__all__ = ["Restorer", "NothingToRestoreError"]
+__all__ = ["Restorer", "NothingToRestoreError", "agreement_poll_s"]
 
 log = logging.getLogger("ckptstore.client")
-AGREEMENT_POLL_S = 0.2
+AGREEMENT_POLL_S = (0.2, 2.0)  # the first wait between two agreement polls, and the longest
+
+
+def agreement_poll_s(polls: int) -> float:
+    """The wait before the next agreement poll after `polls` of them: from 0.2 s growing to 2 s, each
+    ±50 % at random, so that the nodes of a job restarting together do not poll in lockstep (4,096
+    nodes polling every 0.2 s would ask the service 20,000 times a second: bench/storm.py)."""
+    first, longest = AGREEMENT_POLL_S
+    return min(longest, first * 1.5**polls) * random.uniform(0.5, 1.5)
 
 
 class NothingToRestoreError(CheckpointNotFoundError):
@@ -156,6 +165,7 @@ class Restorer:
 
     def _agreed(self, client: ServiceClient, position: Position, deadline: float) -> bool:
         """Wait until every expected node verified `position` (True), or the judge moved on (False)."""
+        polls = 0
         while True:
             agreement = client.resume_agreement(self.job)
             current = None if agreement.resume is None else agreement.resume.to_position()
@@ -164,11 +174,14 @@ class Restorer:
             if agreement.agreed:
                 return True
             if time.monotonic() > deadline:
+                unnamed = agreement.waiting_count - len(agreement.waiting)
+                names = ", ".join(agreement.waiting) + (f" and {unnamed} more" if unnamed > 0 else "")
                 raise CkptStoreError(
-                    f"nodes {', '.join(agreement.waiting)} of job {self.job!r} did not verify {position} within "
+                    f"nodes {names} of job {self.job!r} did not verify {position} within "
                     f"{self.timeout_s:g} s: resuming without them could start the nodes from different positions"
                 )
-            time.sleep(AGREEMENT_POLL_S)
+            time.sleep(agreement_poll_s(polls))
+            polls += 1
 
     # -- without the service ---------------------------------------------------------------------
 

@@ -163,7 +163,9 @@ def _records(session: Session, job: Job) -> tuple[list[Start], list[Progress], l
             a.node,
             a.number,
             a.started_at,
-            None if a.resumed_epoch is None else committed_at.get((a.resumed_epoch, a.resumed_batch_key or 0)),
+            None
+            if a.resumed_epoch is None or a.resumed_batch_key is None
+            else committed_at.get((a.resumed_epoch, a.resumed_batch_key)),
         )
         for a in session.scalars(select(Attempt).where(Attempt.job_id == job.id))
     ]

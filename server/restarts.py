@@ -198,34 +198,48 @@ def record_audit(session: Session, job: Job, node: str, number: int, body: Resum
     return attempt
 
 
+WAITING_SHOWN = 100  # an agreement names this many of the nodes it waits for (all are counted)
+
+
 def resume_agreement(session: Session, job: Job) -> ResumeAgreement:
-    """Whether every expected node's newest attempt reported the job's resume position since it first existed."""
+    """Whether every expected node's newest attempt reported the job's resume position since it first
+    existed. Every node of a restarting job polls this: it is two aggregate queries, whatever the job's
+    size (bench/storm.py), and names at most WAITING_SHOWN of the nodes still waited for."""
     resume = job.resume
     if resume is None:
-        return ResumeAgreement(job=job.name, resume=None, agreed=True, waiting=[])
+        return ResumeAgreement(job=job.name, resume=None, agreed=True, waiting=[], waiting_count=0)
+    key = batch_key(resume.batch)
     born = session.scalar(
         select(func.min(Checkpoint.created_at)).where(
-            Checkpoint.job_id == job.id,
-            Checkpoint.epoch == resume.epoch,
-            Checkpoint.batch_key == batch_key(resume.batch),
+            Checkpoint.job_id == job.id, Checkpoint.epoch == resume.epoch, Checkpoint.batch_key == key
         )
     )
-    newest: dict[str, Attempt] = {}
-    for attempt in session.scalars(select(Attempt).where(Attempt.job_id == job.id)):
-        if attempt.node not in newest or attempt.number > newest[attempt.node].number:
-            newest[attempt.node] = attempt
-
-    def agreed(node: str) -> bool:
-        attempt = newest.get(node)
-        return (
-            attempt is not None
-            and attempt.resumed_from == resume
-            and attempt.resumed_at is not None
-            and attempt.resumed_at >= (born or 0.0)
+    newest = (
+        select(Attempt.node, func.max(Attempt.number).label("number"))
+        .where(Attempt.job_id == job.id)
+        .group_by(Attempt.node)
+        .subquery()
+    )
+    agreed = set(
+        session.scalars(
+            select(Attempt.node)
+            .join(newest, (Attempt.node == newest.c.node) & (Attempt.number == newest.c.number))
+            .where(
+                Attempt.job_id == job.id,
+                Attempt.resumed_epoch == resume.epoch,
+                Attempt.resumed_batch_key == key,
+                Attempt.resumed_at >= (born or 0.0),
+            )
         )
-
+    )
     # The nodes the position was judged with: a node set changed since applies to later positions only.
-    row = session.get(PositionRow, (job.id, resume.epoch, batch_key(resume.batch)))
+    row = session.get(PositionRow, (job.id, resume.epoch, key))
     nodes = expected_nodes(session, job, None if row is None else row.nodes_version)
-    waiting = [node for node in nodes if not agreed(node)]
-    return ResumeAgreement(job=job.name, resume=PositionBody.of(resume), agreed=not waiting, waiting=waiting)
+    waiting = [node for node in nodes if node not in agreed]
+    return ResumeAgreement(
+        job=job.name,
+        resume=PositionBody.of(resume),
+        agreed=not waiting,
+        waiting=waiting[:WAITING_SHOWN],
+        waiting_count=len(waiting),
+    )

@@ -77,8 +77,9 @@ def services(url: str, replicas: int, root: str, tmp: str) -> Iterator[int]:
 def prepare(port: int, nodes: list[str], root: str) -> None:
     """Declare the job and commit epoch 0 on every node (attempt 1), until epoch 0 is good."""
     declare = post(f"/v1/jobs/{JOB}", {"nodes": nodes, "storage_root": root}).replace(b"POST", b"PUT", 1)
-    asyncio.run(send_all(port, [declare], connections=1))
-    asyncio.run(send_all(port, [post(f"/v1/jobs/{JOB}/nodes/{n}/attempts", {}) for n in nodes]))
+    _, declared = asyncio.run(send_all(port, [declare], connections=1))
+    _, registered = asyncio.run(send_all(port, [post(f"/v1/jobs/{JOB}/nodes/{n}/attempts", {}) for n in nodes]))
+    assert declared in ([200], [201]) and set(registered) == {201}, (declared, Counter(registered))
     bodies = [
         post(f"/v1/jobs/{JOB}/checkpoints/batch", {"commits": [{"node": n, **commit(root, n, JOB)}]}) for n in nodes
     ]

@@ -16,6 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, Response
 from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ckptstore import tracing
@@ -85,6 +86,14 @@ def _install_error_handlers(app: FastAPI) -> None:
         METRICS.db_errors.inc()
         log.error("database error answered 503: %s", type(exc.orig).__name__)
         return _error(503, "unavailable", "the database is unavailable; retry", {"Retry-After": "1"})
+
+    @app.exception_handler(PoolTimeoutError)
+    async def database_busy(_: Request, exc: PoolTimeoutError) -> Response:
+        """Every database connection of this process stayed busy past the pool's timeout (a restart
+        storm on too few replicas): overloaded, not broken — the client retries."""
+        METRICS.db_errors.inc()
+        log.warning("no database connection free: answered 503")
+        return _error(503, "unavailable", "the service is overloaded; retry", {"Retry-After": "1"})
 
     @app.exception_handler(Exception)
     async def unexpected(_: Request, exc: Exception) -> Response:

@@ -117,6 +117,7 @@ class Nginx:
                     http {{
                         access_log off;
                         client_body_temp_path {prefix}/body;
+                        client_body_buffer_size 1m;  # a 4,096-node job's declaration stays in memory
                         proxy_temp_path {prefix}/proxy;
                         upstream ckptstore {{
                     {servers}

@@ -57,6 +57,25 @@ from tests.servers import Nginx, free_port  # noqa: E402
 BIG_NODES = 4096
 
 
+class Results:
+    """A bench run's results with its command and machine, each kept as it comes — printed, and written
+    to `out` — so that a long run that fails late keeps what it measured."""
+
+    def __init__(self, script: str, out: str | None):
+        self.out = out
+        self.values: dict = {
+            "command": " ".join(["python", script, *sys.argv[1:]]),
+            "machine": f"{platform.platform()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+        }
+
+    def record(self, key: str, value: object) -> None:
+        self.values[key] = value
+        print(key, json.dumps(value), flush=True)
+        if self.out:
+            with open(self.out, "w") as handle:
+                json.dump(self.values, handle, indent=1)
+
+
 def migrate_with(code: str | None, url: str) -> None:
     """The schema of this tree, or of the tree `code` (the previous release: its own migrations)."""
     if code is None:
@@ -275,19 +294,9 @@ def main() -> None:
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     previous = extract(args.previous) if args.previous else None
-    results: dict = {
-        "command": " ".join(["python", "bench/scale.py", *sys.argv[1:]]),
-        "machine": f"{platform.platform()}, {os.cpu_count()} cores, Python {platform.python_version()}",
-    }
+    results = Results("bench/scale.py", args.out)
+    record = results.record
     trees = {"new": None} | ({"previous": previous} if previous else {})
-
-    def record(key: str, value: object) -> None:
-        """Keep each result as it comes (a long run that fails late keeps what it measured)."""
-        results[key] = value
-        print(key, json.dumps(value), flush=True)
-        if args.out:
-            with open(args.out, "w") as handle:
-                json.dump(results, handle, indent=1)
 
     for kind in args.db:
         for name, code in trees.items():
@@ -296,7 +305,7 @@ def main() -> None:
             if "big_job" in args.phases:
                 record(f"big_job/{kind}/{name}", big_job(kind, code, args.workers))
         if previous and "commits" in args.phases:
-            new, old = results[f"commits/{kind}/new"], results[f"commits/{kind}/previous"]
+            new, old = results.values[f"commits/{kind}/new"], results.values[f"commits/{kind}/previous"]
             record(f"commits/{kind}/ratio", new["rps"] / old["rps"])
         if "dashboard" in args.phases:
             record(f"dashboard/{kind}", dashboard(kind))

@@ -28,7 +28,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import re
 import resource
 import shutil
@@ -42,7 +41,7 @@ from contextlib import ExitStack, contextmanager
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.scale import commit, get_json, post, send_all  # noqa: E402
+from bench.scale import Results, commit, get_json, post, send_all  # noqa: E402
 from bench.service import make_database, populate, run_wrk, start_service  # noqa: E402
 from client.restore import agreement_poll_s  # noqa: E402
 from server.migrate import migrate  # noqa: E402
@@ -219,17 +218,7 @@ def main() -> None:
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     raise_open_files()
-    results: dict = {
-        "command": " ".join(["python", "bench/storm.py", *sys.argv[1:]]),
-        "machine": f"{platform.platform()}, {os.cpu_count()} cores, Python {platform.python_version()}",
-    }
-
-    def record(key: str, value: object) -> None:
-        results[key] = value
-        print(key, json.dumps(value), flush=True)
-        if args.out:
-            with open(args.out, "w") as handle:
-                json.dump(results, handle, indent=1)
+    record = Results("bench/storm.py", args.out).record
 
     for setup in args.setups:
         record(f"storm/{setup}", storm(setup, args.nodes))

@@ -3,7 +3,8 @@ time went to training, not to work redone after failures nor to saves and restor
 checkpoint interval Young and Daly recommend, √(2 · save cost · mean time between failures).
 
 `advise` is a pure function of plain records (tested with histories whose answers are known);
-`job_advice` reads them from the database. Definitions (docs/operations.md, "Goodput"):
+`job_advice` reads them from the database in a few aggregate queries, whatever the job's size (the
+dashboard and /metrics ask for it: a 4,096-node job's 400,000 commits are never read row by row). Definitions (docs/operations.md, "Goodput"):
 - wall: from the job's first start to its latest record (a start or a commit);
 - lost: per restart of a node, from the commit of the copy it resumed from (its first start when it
   resumed nothing) to the restart — the work redone, the time down included; the node that lost most;
@@ -19,16 +20,28 @@ import statistics
 from collections import defaultdict
 from dataclasses import dataclass
 
-from sqlalchemy import select
+from sqlalchemy import case, func, select, tuple_
 from sqlalchemy.orm import Session
 
 from ckptstore.telemetry_schema import Advice
 from server.models import Attempt, Checkpoint, Job, Stat
 
-__all__ = ["Start", "Progress", "Timing", "advise", "goodput_over_time", "job_advice", "job_goodput", "MIN_FAILURES"]
+__all__ = [
+    "Start",
+    "Progress",
+    "Timing",
+    "Usage",
+    "usage_of",
+    "advise",
+    "goodput_over_time",
+    "job_advice",
+    "job_goodput",
+    "MIN_FAILURES",
+]
 
 MIN_FAILURES = 2
 PLOT_POINTS = 40
+COST_SAMPLE = 1000  # a save's cost: the median of the job's newest this many save timings
 
 
 @dataclass(frozen=True)
@@ -68,15 +81,30 @@ def _lost(starts: list[Start]) -> tuple[float, int]:
     return lost, len(ordered) - 1
 
 
-def _blocked(timings: list[Timing]) -> tuple[float, float | None]:
-    """The seconds the node that waited most waited, and a save's median blocked time (its cost)."""
-    per_node: dict[str, float] = defaultdict(float)
-    saves = [t.seconds for t in timings if t.action == "blocked"] or [t.seconds for t in timings if t.action == "save"]
-    blocking = "blocked" if any(t.action == "blocked" for t in timings) else "save"
+@dataclass(frozen=True)
+class Usage:
+    """What saves and restores cost the job: the seconds each node waited for them, and a save's
+    median blocked time (None: no save timed yet)."""
+
+    waited: dict[str, float]
+    save_cost: float | None
+
+
+def _blocking(actions: set[str]) -> str:
+    """The action whose timings count as a save's blocked time: `blocked`, or `save` from clients
+    that report no `blocked`."""
+    return "blocked" if "blocked" in actions else "save"
+
+
+def usage_of(timings: list[Timing]) -> Usage:
+    """`Usage` from single timings."""
+    blocking = _blocking({t.action for t in timings})
+    waited: dict[str, float] = defaultdict(float)
     for timing in timings:
         if timing.action in (blocking, "restore"):
-            per_node[timing.node] += timing.seconds
-    return max(per_node.values(), default=0.0), statistics.median(saves) if saves else None
+            waited[timing.node] += timing.seconds
+    saves = [t.seconds for t in timings if t.action == blocking]
+    return Usage(dict(waited), statistics.median(saves) if saves else None)
 
 
 def _steps_per_second(progress: list[Progress]) -> float | None:
@@ -87,7 +115,7 @@ def _steps_per_second(progress: list[Progress]) -> float | None:
 
 
 def advise(
-    job: str, starts: list[Start], progress: list[Progress], timings: list[Timing], *, until: float | None = None
+    job: str, starts: list[Start], progress: list[Progress], usage: Usage, *, until: float | None = None
 ) -> Advice:
     """The job's goodput and recommended interval from its records (see the module docstring);
     `until`: the wall time ends there rather than at the latest record."""
@@ -99,7 +127,7 @@ def advise(
     begun = min(s.started_at for s in starts)
     wall = (until if until is not None else max([s.started_at for s in starts] + [p.at for p in progress])) - begun
     lost, failures = max((_lost(node_starts) for node_starts in by_node.values()), key=lambda lf: (lf[1], lf[0]))
-    blocked, cost = _blocked(timings)
+    blocked, cost = max(usage.waited.values(), default=0.0), usage.save_cost
     mtbf = wall / failures if failures >= MIN_FAILURES and wall > 0 else None
     interval = math.sqrt(2 * cost * mtbf) if mtbf is not None and cost else None
     rate = _steps_per_second(progress)
@@ -143,7 +171,7 @@ def goodput_over_time(
             job,
             [s for s in starts if s.started_at <= moment],
             [p for p in progress if p.at <= moment],
-            [t for t in timings if t.at <= moment],
+            usage_of([t for t in timings if t.at <= moment]),
             until=moment,
         )
         if advice.goodput is not None:
@@ -151,45 +179,85 @@ def goodput_over_time(
     return series
 
 
-def _records(session: Session, job: Job) -> tuple[list[Start], list[Progress], list[Timing]]:
-    """The job's starts, commits and timings as the database holds them."""
-    committed_at: dict[tuple[int, int], float] = {}  # a position's first commit, on any node
-    for epoch, key, at in session.execute(
-        select(Checkpoint.epoch, Checkpoint.batch_key, Checkpoint.created_at).where(Checkpoint.job_id == job.id)
-    ):
-        committed_at[(epoch, key)] = min(at, committed_at.get((epoch, key), at))
-    starts = [
-        Start(
-            a.node,
-            a.number,
-            a.started_at,
-            None
-            if a.resumed_epoch is None or a.resumed_batch_key is None
-            else committed_at.get((a.resumed_epoch, a.resumed_batch_key)),
-        )
-        for a in session.scalars(select(Attempt).where(Attempt.job_id == job.id))
+def _starts(session: Session, job: Job) -> list[Start]:
+    """Every start of the job, with when the position it resumed from was first committed."""
+    rows = session.execute(
+        select(
+            Attempt.node, Attempt.number, Attempt.started_at, Attempt.resumed_epoch, Attempt.resumed_batch_key
+        ).where(Attempt.job_id == job.id)
+    ).all()
+    resumed = {(r.resumed_epoch, r.resumed_batch_key) for r in rows if r.resumed_epoch is not None}
+    committed_at: dict[tuple[int, int], float] = {}  # a resumed position's first commit, on any node
+    if resumed:
+        position = tuple_(Checkpoint.epoch, Checkpoint.batch_key)
+        for epoch, key, at in session.execute(
+            select(Checkpoint.epoch, Checkpoint.batch_key, func.min(Checkpoint.created_at))
+            .where(Checkpoint.job_id == job.id, position.in_(list(resumed)))
+            .group_by(Checkpoint.epoch, Checkpoint.batch_key)
+        ):
+            committed_at[(epoch, key)] = at
+    return [
+        Start(r.node, r.number, r.started_at, committed_at.get((r.resumed_epoch, r.resumed_batch_key))) for r in rows
     ]
-    progress = [
-        Progress(at, step)
-        for at, step in session.execute(
-            select(Checkpoint.created_at, Checkpoint.step).where(Checkpoint.job_id == job.id)
+
+
+def _progress(session: Session, job: Job) -> list[Progress]:
+    """What `advise` reads of the commits, in one pass over them: the latest, and the first and last
+    commit times that carry a step with the least and the greatest step (the job's rate)."""
+    stepped_at = case((Checkpoint.step.is_not(None), Checkpoint.created_at))
+    latest, first, last, low, high = session.execute(
+        select(
+            func.max(Checkpoint.created_at),
+            func.min(stepped_at),
+            func.max(stepped_at),
+            func.min(Checkpoint.step),
+            func.max(Checkpoint.step),
+        ).where(Checkpoint.job_id == job.id)
+    ).one()
+    progress = [] if latest is None else [Progress(latest, None)]
+    if first is not None:
+        progress += [Progress(first, low), Progress(last, high)]
+    return progress
+
+
+def _usage(session: Session, job: Job) -> Usage:
+    """`usage_of` the job's timings, summed by the database; the save cost from the newest COST_SAMPLE."""
+    sums = session.execute(
+        select(Stat.node, Stat.action, func.sum(Stat.seconds))
+        .where(Stat.job_id == job.id)
+        .group_by(Stat.node, Stat.action)
+    ).all()
+    blocking = _blocking({action for _, action, _ in sums})
+    waited: dict[str, float] = defaultdict(float)
+    for node, action, seconds in sums:
+        if action in (blocking, "restore"):
+            waited[node] += seconds
+    saves = list(
+        session.scalars(
+            select(Stat.seconds)
+            .where(Stat.job_id == job.id, Stat.action == blocking)
+            .order_by(Stat.created_at.desc())
+            .limit(COST_SAMPLE)
         )
-    ]
+    )
+    return Usage(dict(waited), statistics.median(saves) if saves else None)
+
+
+def job_advice(session: Session, job: Job) -> Advice:
+    """`advise` over the job's attempts, commits and timings as the database holds them."""
+    return advise(job.name, _starts(session, job), _progress(session, job), _usage(session, job))
+
+
+def job_goodput(session: Session, job: Job) -> tuple[Advice, list[tuple[float, float]]]:
+    """The job's advice and its goodput over time (the dashboard's job page, for jobs small enough
+    to replay: every timing is read)."""
+    starts, progress = _starts(session, job), _progress(session, job)
     timings = [
         Timing(*row)
         for row in session.execute(
             select(Stat.node, Stat.action, Stat.seconds, Stat.created_at).where(Stat.job_id == job.id)
         )
     ]
-    return starts, progress, timings
-
-
-def job_advice(session: Session, job: Job) -> Advice:
-    """`advise` over the job's attempts, commits and timings as the database holds them."""
-    return advise(job.name, *_records(session, job))
-
-
-def job_goodput(session: Session, job: Job) -> tuple[Advice, list[tuple[float, float]]]:
-    """The job's advice and its goodput over time (the dashboard's job page), from one read."""
-    records = _records(session, job)
-    return advise(job.name, *records), goodput_over_time(job.name, *records)
+    return advise(job.name, starts, progress, _usage(session, job)), goodput_over_time(
+        job.name, starts, progress, timings
+    )

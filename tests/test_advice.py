@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from server.advice import Progress, Start, Timing, advise, goodput_over_time
+from server.advice import Progress, Start, Timing, advise, goodput_over_time, usage_of
 
 
 def steady_progress(until: float) -> list[Progress]:
@@ -16,7 +16,9 @@ def steady_progress(until: float) -> list[Progress]:
 
 
 def test_no_failure_yet_gives_goodput_and_no_interval():
-    advice = advise("j", [Start("n0", 1, 0.0, None)], steady_progress(1000.0), [Timing("n0", "blocked", 2.0, 0.0)] * 10)
+    advice = advise(
+        "j", [Start("n0", 1, 0.0, None)], steady_progress(1000.0), usage_of([Timing("n0", "blocked", 2.0, 0.0)] * 10)
+    )
     assert advice.wall_seconds == 1000 and advice.lost_seconds == 0 and advice.blocked_seconds == 20
     assert advice.goodput == pytest.approx(0.98)
     assert advice.failures == 0 and advice.mtbf_seconds is None and advice.interval_seconds is None
@@ -25,7 +27,7 @@ def test_no_failure_yet_gives_goodput_and_no_interval():
 
 def test_one_failure_counts_the_work_redone_but_gives_no_interval():
     starts = [Start("n0", 1, 0.0, None), Start("n0", 2, 600.0, 500.0)]
-    advice = advise("j", starts, steady_progress(1000.0), [Timing("n0", "blocked", 1.0, 0.0)])
+    advice = advise("j", starts, steady_progress(1000.0), usage_of([Timing("n0", "blocked", 1.0, 0.0)]))
     assert advice.lost_seconds == 100 and advice.failures == 1
     assert advice.goodput == pytest.approx((1000 - 100 - 1) / 1000)
     assert advice.mtbf_seconds is None and advice.interval_seconds is None
@@ -39,7 +41,7 @@ def test_clustered_failures_give_the_young_daly_interval_in_seconds_and_steps():
         Start("n0", 4, 1200.0, 1050.0),  # 150 s: it resumed from the same copy again
     ]
     timings = [Timing("n0", "blocked", s, 0.0) for s in (2.0, 2.0, 4.0)] + [Timing("n0", "restore", 1.0, 0.0)] * 3
-    advice = advise("j", starts, steady_progress(3000.0), timings)
+    advice = advise("j", starts, steady_progress(3000.0), usage_of(timings))
     assert advice.lost_seconds == 300 and advice.failures == 3 and advice.blocked_seconds == 8 + 3
     assert advice.mtbf_seconds == 1000 and advice.save_cost_seconds == 2
     assert advice.interval_seconds == pytest.approx(math.sqrt(2 * 2 * 1000))
@@ -52,13 +54,13 @@ def test_several_nodes_count_the_node_that_lost_and_waited_most_and_a_restart_fr
     starts = [Start("a", 1, 0.0, None), Start("a", 2, 400.0, 350.0), Start("b", 1, 10.0, None)]
     starts += [Start("b", 2, 400.0, None)]  # b found nothing to resume from: everything since its start redone
     timings = [Timing("a", "blocked", 5.0, 0.0), Timing("b", "blocked", 1.0, 0.0), Timing("b", "restore", 2.0, 0.0)]
-    advice = advise("j", starts, steady_progress(1000.0), timings)
+    advice = advise("j", starts, steady_progress(1000.0), usage_of(timings))
     assert advice.lost_seconds == 390 and advice.failures == 1 and advice.blocked_seconds == 5
 
 
 def test_save_timings_stand_in_for_blocked_ones_from_clients_that_report_none():
     starts = [Start("n0", n, 100.0 * n, 100.0 * n - 10) for n in range(1, 4)]
-    advice = advise("j", starts, steady_progress(1000.0), [Timing("n0", "save", 3.0, 0.0)])
+    advice = advise("j", starts, steady_progress(1000.0), usage_of([Timing("n0", "save", 3.0, 0.0)]))
     assert advice.save_cost_seconds == 3 and advice.blocked_seconds == 3 and advice.interval_seconds is not None
 
 
@@ -74,7 +76,7 @@ def test_goodput_over_time_drops_at_each_failure_and_recovers_as_the_job_trains(
 
 
 def test_a_job_that_never_started_says_so():
-    advice = advise("j", [], [], [])
+    advice = advise("j", [], [], usage_of([]))
     assert advice.goodput is None and advice.failures == 0 and "no process" in advice.note
 
 

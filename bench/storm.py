@@ -7,12 +7,12 @@ PostgreSQL at 64 connections on the batch route.
 
 - storm: the job is declared with `--nodes` nodes, each of which committed epoch 0 (epoch 0 is
   good). Then every node at once, one keep-alive connection each (raw HTTP/1.1, asyncio: the client
-  costs little CPU), makes a restarting `NodeCheckpointer`'s requests: `GET /v1/jobs/{job}` twice
-  (the declared-job check, then `declare_job`), `POST …/nodes/{node}/attempts`, `GET
-  …/last-good-epoch` — **its answer is the node's resume position: the "first answer"** —, `PUT
-  …/attempts/{n}` (where it resumed), then `GET …/resume-agreement` until every node agreed, waiting
-  between polls as the client does (`client.restore.agreement_poll_s`: 0.2 s growing to 2 s,
-  jittered). A connection the service closed is opened again (as httpx's pool does), and counted. Per node, seconds from the storm's start to its first answer and to the agreement:
+  costs little CPU), makes a restarting `NodeCheckpointer`'s requests: `GET /v1/jobs/{job}` (the
+  declared-job check), `GET …/checkpoints?node=` (the copies the service knows), `POST
+  …/nodes/{node}/attempts`, `GET …/last-good-epoch?node=` — **its answer is the node's resume position:
+  the "first answer"** —, `PUT …/attempts/{n}` (where it resumed), then `GET
+  …/resume-agreement?wait_s=20` until every node agreed (the service holds each request until then:
+  `server.agreement`). A connection the service closed is opened again (as httpx's pool does), and counted. Per node, seconds from the storm's start to its first answer and to the agreement:
   p50 / p99 / max, and the statuses. Setups: SQLite with 1 service process; PostgreSQL with 1, and
   3 replicas (1 process each) behind Debian's nginx (SQLite is one file on one machine: replicas
   need PostgreSQL, docs/operations.md).
@@ -43,7 +43,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.scale import Results, commit, get_json, post, send_all  # noqa: E402
 from bench.service import make_database, populate, run_wrk, start_service  # noqa: E402
-from client.restore import agreement_poll_s  # noqa: E402
+from client.restore import AGREEMENT_WAIT_S  # noqa: E402
 from server.migrate import migrate  # noqa: E402
 from tests.servers import Nginx, free_port  # noqa: E402
 
@@ -139,17 +139,16 @@ async def restart(port: int, node: str, began: float, statuses: Counter) -> tupl
     connection = Connection(port, statuses)
     try:
         await connection.ask(request("GET", f"/v1/jobs/{JOB}"))
-        await connection.ask(request("GET", f"/v1/jobs/{JOB}"))
+        await connection.ask(request("GET", f"/v1/jobs/{JOB}/checkpoints?node={node}&limit=1000&offset=0"))
         key = f"Idempotency-Key: {node}-storm\r\n"
         attempt = await connection.ask(request("POST", f"/v1/jobs/{JOB}/nodes/{node}/attempts", {}, key))
-        resume = (await connection.ask(request("GET", f"/v1/jobs/{JOB}/last-good-epoch")))["resume"]
+        resume = (await connection.ask(request("GET", f"/v1/jobs/{JOB}/last-good-epoch?node={node}")))["resume"]
         first_answer = time.perf_counter() - began
         number = attempt["attempt"]
         await connection.ask(request("PUT", f"/v1/jobs/{JOB}/nodes/{node}/attempts/{number}", {"resumed_from": resume}))
-        polls = 0
-        while not (await connection.ask(request("GET", f"/v1/jobs/{JOB}/resume-agreement")))["agreed"]:
-            await asyncio.sleep(agreement_poll_s(polls))
-            polls += 1
+        wait = f"/v1/jobs/{JOB}/resume-agreement?wait_s={AGREEMENT_WAIT_S:g}"
+        while not (await connection.ask(request("GET", wait)))["agreed"]:
+            pass
         return first_answer, time.perf_counter() - began
     finally:
         connection.close()

@@ -143,7 +143,9 @@ class NodeCheckpointer:
         if self.client is not None:
             try:
                 local_root = None if self.local_store is None else self.local_store.url
-                self.declared = declare_job(self.client, self.options, self.identity, self.store.url, local_root)
+                self.declared = declare_job(
+                    self.client, self.options, self.identity, self.store.url, local_root, known=self.declared
+                )
                 record_unknown_copies(self.client, self.job, self.node, self.tiers)
                 self.attempt = self.client.start_attempt(self.job, self.node)
             except ServiceUnavailableError as exc:

@@ -31,9 +31,10 @@ from ckptstore.names import Tier
 from ckptstore.schema import SkippedCopy
 from client.service import ServiceClient
 
-__all__ = ["Restorer", "NothingToRestoreError", "agreement_poll_s"]
+__all__ = ["Restorer", "NothingToRestoreError", "AGREEMENT_WAIT_S"]
 
 log = logging.getLogger("ckptstore.client")
+AGREEMENT_WAIT_S = 20.0  # how long one agreement request waits at the service (under proxies' read timeouts)
 AGREEMENT_POLL_S = (0.2, 2.0)  # the first wait between two agreement polls, and the longest
 
 
@@ -116,7 +117,7 @@ class Restorer:
 
     def _resume_position(self, client: ServiceClient) -> Position | None:
         try:
-            resume = client.last_good_epoch(self.job).resume
+            resume = client.last_good_epoch(self.job, node=self.node).resume
         except CheckpointNotFoundError:
             return None  # the job is not declared yet: a fresh start
         return None if resume is None else resume.to_position()
@@ -164,10 +165,14 @@ class Restorer:
         client.report_resume(self.job, self.node, self.attempt, resumed_from=position, skipped=skipped)
 
     def _agreed(self, client: ServiceClient, position: Position, deadline: float) -> bool:
-        """Wait until every expected node verified `position` (True), or the judge moved on (False)."""
+        """Wait until every expected node verified `position` (True), or the judge moved on (False). The
+        service holds each request until then (up to AGREEMENT_WAIT_S); one that answers at once (an
+        older service) is asked again after `agreement_poll_s`."""
         polls = 0
         while True:
-            agreement = client.resume_agreement(self.job)
+            asked = time.monotonic()
+            wait_s = max(0.0, min(AGREEMENT_WAIT_S, deadline - asked))
+            agreement = client.resume_agreement(self.job, wait_s=wait_s)
             current = None if agreement.resume is None else agreement.resume.to_position()
             if current != position:
                 return False
@@ -180,8 +185,9 @@ class Restorer:
                     f"nodes {names} of job {self.job!r} did not verify {position} within "
                     f"{self.timeout_s:g} s: resuming without them could start the nodes from different positions"
                 )
-            time.sleep(agreement_poll_s(polls))
-            polls += 1
+            if time.monotonic() - asked < wait_s / 2:
+                time.sleep(agreement_poll_s(polls))
+                polls += 1
 
     # -- without the service ---------------------------------------------------------------------
 

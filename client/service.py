@@ -253,8 +253,17 @@ class ServiceClient:
         """The job's goodput and recommended checkpoint interval, from its own records."""
         return self._call("GET", self._job_path(job) + "/advice", parse=Advice.model_validate)
 
-    def resume_agreement(self, job: str) -> ResumeAgreement:
-        return self._call("GET", self._job_path(job) + "/resume-agreement", parse=ResumeAgreement.model_validate)
+    def resume_agreement(self, job: str, *, wait_s: float = 0) -> ResumeAgreement:
+        """The job's restore agreement; with `wait_s`, the service answers once every node agreed (or the
+        resume position moved), or as it stands after that long: one request instead of a poll each second."""
+        read_s = (self._http.timeout.read or 0) + wait_s
+        return self._call(
+            "GET",
+            self._job_path(job) + "/resume-agreement",
+            params={"wait_s": round(wait_s, 3)},
+            timeout=httpx.Timeout(**(self._http.timeout.as_dict() | {"read": read_s})),
+            parse=ResumeAgreement.model_validate,
+        )
 
     def list_attempts(
         self, job: str, *, node: str | None = None, limit: int = 1000, offset: int = 0
@@ -336,8 +345,12 @@ class ServiceClient:
             parse=lambda rows: [CheckpointRecord.model_validate(r) for r in rows],
         )
 
-    def last_good_epoch(self, job: str, *, max_epoch: int | None = None) -> LastGood:
-        params = {} if max_epoch is None else {"max_epoch": max_epoch}
+    def last_good_epoch(self, job: str, *, max_epoch: int | None = None, node: str | None = None) -> LastGood:
+        """The job's last good epoch and resume position; `nodes` holds every node's part of it, or only
+        `node`'s (a restoring node asks for its own: a 4,096-node job's whole answer is 820 KB)."""
+        params: dict[str, Any] = {} if max_epoch is None else {"max_epoch": max_epoch}
+        if node is not None:
+            params["node"] = node
         return self._call("GET", self._job_path(job) + "/last-good-epoch", params=params, parse=LastGood.model_validate)
 
     def retention_plan(self, job: str) -> RetentionPlan:

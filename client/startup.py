@@ -97,15 +97,22 @@ def check_job(info: JobInfo, *, identity: NodeIdentity, nodes: list[str], storag
 
 
 def declare_job(
-    client: ServiceClient, options: CheckpointOptions, identity: NodeIdentity, storage: str, local_root: str | None
+    client: ServiceClient,
+    options: CheckpointOptions,
+    identity: NodeIdentity,
+    storage: str,
+    local_root: str | None,
+    *,
+    known: JobInfo | None = None,
 ) -> JobInfo:
     """Declare the job on its first start (its expected nodes, retention, tiers); or check that this
     process can take part in the job as declared (`check_job`) and bring the job in line with what the
     process says explicitly: `nodes=` replaces the expected nodes (never grown behind the user's back),
-    `max_to_keep` the retention, `local_storage` the local tier. Returns the job as declared now."""
+    `max_to_keep` the retention, `local_storage` the local tier. Returns the job as declared now.
+    `known`: the job as this process just read it (one request less per node in a restart storm)."""
     node, keep_last = identity.checkpoint_node, options.max_to_keep
     try:
-        info = client.get_job(options.job)
+        info = known or client.get_job(options.job)
     except CheckpointNotFoundError:
         retention = {"keep_last": keep_last} if keep_last else None
         nodes = options.expected_nodes(node)

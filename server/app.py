@@ -20,6 +20,9 @@ from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ckptstore import tracing
+from ckptstore.schema import LastGood, ResumeAgreement
+from server import records, restarts
+from server.agreement import AgreementWaiters
 from server.answers import AnswerCache
 from server.auth import LoginRequired, NotYourJob, TokenAuth
 from server.batching import WriteBatcher
@@ -40,6 +43,7 @@ from server.webhooks import WebhookDispatcher
 __all__ = ["create_app", "app_factory"]
 
 log = logging.getLogger("ckptstore.server")
+WHOLE_ANSWERS = 64  # whole last-good answers kept as models, to cut one node's part from (server.answers)
 
 
 def _error(status: int, code: str, detail: str, headers: dict[str, str] | None = None) -> Response:
@@ -108,7 +112,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         db = app.state.db = Database(make_engine(settings.database_url))
-        app.state.answers = AnswerCache(settings.answer_cache_size)
+        app.state.answers = AnswerCache[bytes](settings.answer_cache_size)
+        app.state.whole_answers = AnswerCache[LastGood](WHOLE_ANSWERS)
+
+        def agreement_of(job: str) -> ResumeAgreement:
+            with db.read() as session:
+                return restarts.resume_agreement(session, records.find_job(session, job))
+
+        app.state.agreements = AgreementWaiters(agreement_of)
         hub = app.state.hub = EventHub(
             db,
             poll_seconds=settings.events_poll_seconds,

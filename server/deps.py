@@ -12,6 +12,7 @@ from fastapi import Depends, Path, Query, Request
 
 from ckptstore.errors import InvalidNameError
 from ckptstore.names import NAME_JSON_SCHEMA, validate_name
+from server.agreement import AgreementWaiters
 from server.batching import WriteBatcher
 from server.db import Database
 from server.errors import ApiError
@@ -19,7 +20,17 @@ from server.paging import PAGE_LIMIT, Page
 from server.settings import Settings
 from server.stream import EventHub
 
-__all__ = ["DbDep", "WritesDep", "SettingsDep", "JobName", "NodeName", "PageDep", "HubDep"]
+__all__ = [
+    "AgreementsDep",
+    "DbDep",
+    "WritesDep",
+    "SettingsDep",
+    "JobName",
+    "NodeName",
+    "PageDep",
+    "HubDep",
+    "checked_name",
+]
 
 
 async def _db(request: Request) -> Database:
@@ -30,7 +41,8 @@ async def _settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
-def _validated_name(value: str, kind: str) -> str:
+def checked_name(value: str, kind: str) -> str:
+    """`value` if it is a valid name of a `kind`; else a 422 naming the rule."""
     try:
         return validate_name(value, kind=kind)
     except InvalidNameError as exc:
@@ -38,15 +50,19 @@ def _validated_name(value: str, kind: str) -> str:
 
 
 async def _job_name(job: Annotated[str, Path(description="job name", json_schema_extra=NAME_JSON_SCHEMA)]) -> str:
-    return _validated_name(job, "job")
+    return checked_name(job, "job")
 
 
 async def _node_name(node: Annotated[str, Path(description="node name", json_schema_extra=NAME_JSON_SCHEMA)]) -> str:
-    return _validated_name(node, "node")
+    return checked_name(node, "node")
 
 
 async def _writes(request: Request) -> WriteBatcher:
     return request.app.state.writes
+
+
+async def _agreements(request: Request) -> AgreementWaiters:
+    return request.app.state.agreements
 
 
 async def _hub(request: Request) -> EventHub:
@@ -67,3 +83,4 @@ JobName = Annotated[str, Depends(_job_name)]
 NodeName = Annotated[str, Depends(_node_name)]
 PageDep = Annotated[Page, Depends(_page)]
 HubDep = Annotated[EventHub, Depends(_hub)]
+AgreementsDep = Annotated[AgreementWaiters, Depends(_agreements)]

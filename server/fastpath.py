@@ -2,7 +2,7 @@
 registrations.
 
 Both sit innermost (auth, body limit, trusted hosts and metrics still wrap them).
-- `LastGoodFastPath`: on a cache hit for `GET /v1/jobs/{job}/last-good-epoch[?max_epoch=N]` whose
+- `LastGoodFastPath`: on a cache hit for `GET /v1/jobs/{job}/last-good-epoch[?max_epoch=N][&node=N]` whose
   job version is unchanged, it answers with the cached bytes; anything else — a miss, a bad name,
   other parameters, a database error — goes to the FastAPI route, which computes the answer and
   fills the cache (or answers the error).
@@ -35,7 +35,7 @@ __all__ = ["LastGoodFastPath", "WriteFastPath", "LAST_GOOD_ROUTE", "COMMIT_ROUTE
 
 LAST_GOOD_ROUTE = "/v1/jobs/{job}/last-good-epoch"
 _PATH = re.compile(r"/v1/jobs/([^/]+)/last-good-epoch\Z")
-_QUERY = re.compile(rb"(?:max_epoch=([0-9]{1,10}))?\Z")
+_QUERY = re.compile(rb"(?:max_epoch=([0-9]{1,10})(?:&node=([A-Za-z0-9._-]{1,128}))?|node=([A-Za-z0-9._-]{1,128}))?\Z")
 _HEADERS = [(b"content-type", b"application/json")]
 _WRITE = re.compile(r"/v1/jobs/([^/]+)/(?:nodes/([^/]+)/(checkpoints|attempts)|checkpoints/(batch))\Z")
 COMMIT_ROUTE = "/v1/jobs/{job}/nodes/{node}/checkpoints"
@@ -78,6 +78,8 @@ class LastGoodFastPath:
             return None
         try:  # scope["path"] is decoded once already, as the route's path parameter is
             job = validate_name(path.group(1), kind="job")
+            asked = query.group(2) or query.group(3)
+            node = None if asked is None else validate_name(asked.decode(), kind="node")
         except InvalidNameError:
             return None
         max_epoch = None if query.group(1) is None else int(query.group(1))
@@ -86,7 +88,7 @@ class LastGoodFastPath:
             version = state.versions.version(job)
         except state.db.errors:  # the database is away: the route answers (503) through the app's handlers
             return None
-        return None if version is None else state.answers.get((job, max_epoch), version)
+        return None if version is None else state.answers.get((job, max_epoch, node), version)
 
 
 class WriteFastPath:

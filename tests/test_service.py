@@ -64,6 +64,27 @@ def test_a_position_is_good_only_when_every_expected_node_committed(service, job
         assert answer["not_good"] == []
 
 
+def test_a_node_asks_for_its_own_part_of_the_last_good_answer_and_a_new_commit_refreshes_it(service, job_name):
+    with service.client() as client:
+        declare(client, service, job_name)
+        for node in ("n0", "n1", "n2"):
+            commit(client, service, job_name, node, 0)
+        whole = last_good(client, job_name)
+        for _ in range(2):  # computed, then the cached bytes (server.fastpath)
+            own = last_good(client, job_name, node="n1")
+            assert own == whole | {"nodes": {"n1": whole["nodes"]["n1"]}}, own
+        assert last_good(client, job_name, max_epoch=0, node="n2")["nodes"].keys() == {"n2"}
+        assert last_good(client, job_name, node="stranger")["nodes"] == {}, "a node the job lacks has no part"
+        for node in ("n0", "n1", "n2"):
+            commit(client, service, job_name, node, 1)
+        own = last_good(client, job_name, node="n1")
+        assert own["epoch"] == 1 and own["nodes"]["n1"]["location"].endswith("/n1/0000000001/1"), "not the stale one"
+        repeated = client.get(f"/v1/jobs/{job_name}/last-good-epoch?node=n1&node=n2").json()
+        assert repeated["nodes"].keys() == {"n2"}, "the route's reading (the last), not a cached n1"
+        assert client.get(f"/v1/jobs/{job_name}/last-good-epoch?node=..").status_code == 422
+        assert client.get(f"/v1/jobs/{job_name}/last-good-epoch?max_epoch=0node=n1").status_code == 422
+
+
 def test_out_of_order_commits_and_mid_epoch_positions(service, job_name):
     with service.client() as client:
         declare(client, service, job_name)

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Path
+from fastapi import APIRouter, Header, Path, Query
+from sqlalchemy.orm import Session
 
 from ckptstore.position import POSITION_LIMIT
 from ckptstore.schema import AttemptInfo, AttemptRequest, ResumeAgreement, ResumeAudit, ResumeReport
 from server import records, restarts
-from server.deps import DbDep, JobName, NodeName, PageDep, WritesDep
+from server.agreement import WAIT_LIMIT_S
+from server.deps import AgreementsDep, DbDep, JobName, NodeName, PageDep, WritesDep
 from server.errors import COMMON_ERRORS, error_responses
 from server.writes import IDEMPOTENCY_KEY, register_attempt
 
@@ -39,26 +41,42 @@ async def start_attempt(
 
 
 @router.put("/nodes/{node}/attempts/{attempt}", response_model=AttemptInfo, responses=error_responses(409))
-def report_resume(job: JobName, node: NodeName, attempt: AttemptNumber, body: ResumeReport, db: DbDep) -> AttemptInfo:
+async def report_resume(
+    job: JobName, node: NodeName, attempt: AttemptNumber, body: ResumeReport, writes: WritesDep
+) -> AttemptInfo:
     """Where this attempt resumed (its part verified there) and which copies it skipped, and why."""
-    with db.write() as session:
+
+    def report(session: Session) -> AttemptInfo:
         row = records.lock_job(session, job)
         return restarts.attempt_info(row, restarts.report_resume(session, row, node, attempt, body))
 
+    return await writes.run(job, report)  # every node of a restarting job reports at once: group commit
+
 
 @router.put("/nodes/{node}/attempts/{attempt}/audit", response_model=AttemptInfo)
-def report_audit(job: JobName, node: NodeName, attempt: AttemptNumber, body: ResumeAudit, db: DbDep) -> AttemptInfo:
+async def report_audit(
+    job: JobName, node: NodeName, attempt: AttemptNumber, body: ResumeAudit, writes: WritesDep
+) -> AttemptInfo:
     """This attempt's resume audit: the saved run's fingerprint against the live one (`resume.audited`)."""
-    with db.write() as session:
+
+    def audit(session: Session) -> AttemptInfo:
         row = records.lock_job(session, job)
         return restarts.attempt_info(row, restarts.record_audit(session, row, node, attempt, body))
 
+    return await writes.run(job, audit)
+
 
 @router.get("/resume-agreement", response_model=ResumeAgreement)
-def resume_agreement(job: JobName, db: DbDep) -> ResumeAgreement:
-    """Whether every expected node verified its part of the resume position in this restart (and who is waited for)."""
-    with db.read() as session:
-        return restarts.resume_agreement(session, records.find_job(session, job))
+async def resume_agreement(
+    job: JobName,
+    agreements: AgreementsDep,
+    wait_s: Annotated[
+        float, Query(ge=0, le=WAIT_LIMIT_S, description="wait up to this long for the agreement (0: answer at once)")
+    ] = 0,
+) -> ResumeAgreement:
+    """Whether every expected node verified its part of the resume position in this restart (and who is
+    waited for); with `wait_s`, answered once agreed or when the wait is over (`server.agreement`)."""
+    return await agreements.wait(job, wait_s)
 
 
 @router.get("/attempts", response_model=list[AttemptInfo])

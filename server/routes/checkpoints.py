@@ -18,8 +18,9 @@ from ckptstore.schema import (
     MarkRequest,
 )
 from server import records
+from server.answers import AnswerCache
 from server.db import Database
-from server.deps import DbDep, JobName, NodeName, PageDep, WritesDep
+from server.deps import DbDep, JobName, NodeName, PageDep, WritesDep, checked_name
 from server.errors import COMMON_ERRORS, error_responses
 from server.last_good import last_good
 from server.metrics import METRICS
@@ -86,19 +87,36 @@ async def mark(job: JobName, node: NodeName, body: MarkRequest, writes: WritesDe
 
 @router.get("/last-good-epoch", response_model=LastGood)
 async def last_good_epoch(
-    job: JobName, request: Request, max_epoch: Annotated[int | None, Query(ge=0, lt=POSITION_LIMIT)] = None
+    job: JobName,
+    request: Request,
+    max_epoch: Annotated[int | None, Query(ge=0, lt=POSITION_LIMIT)] = None,
+    node: Annotated[
+        str | None, Query(description="only this node's part in `nodes` (what a restoring node needs)")
+    ] = None,
 ) -> Response:
     """The last good epoch, the resume position, each node's part of it, and why newer positions are not good.
 
     Cache hits are answered before routing (`server.fastpath`); this computes the answer and caches it.
     """
     METRICS.last_good_queries.inc()
-    version, body = await asyncio.to_thread(_compute_last_good, request.app.state.db, job, max_epoch)
-    request.app.state.answers.put((job, max_epoch), version, body)
+    if node is not None:
+        node = checked_name(node, "node")
+    state = request.app.state
+    version, body = await asyncio.to_thread(_compute_last_good, state.db, state.whole_answers, job, max_epoch, node)
+    state.answers.put((job, max_epoch, node), version, body)
     return Response(body, media_type="application/json")
 
 
-def _compute_last_good(db: Database, job: str, max_epoch: int | None) -> tuple[int, bytes]:
+def _compute_last_good(
+    db: Database, wholes: AnswerCache[LastGood], job: str, max_epoch: int | None, node: str | None
+) -> tuple[int, bytes]:
+    """The answer's version and JSON: one node's part is cut from the whole answer, computed once per version."""
     with db.read() as session:
         row = records.find_job(session, job)
-        return row.version, last_good(session, row, max_epoch=max_epoch).model_dump_json().encode()
+        version, answer = row.version, wholes.get((job, max_epoch, None), row.version)
+        if answer is None:
+            answer = last_good(session, row, max_epoch=max_epoch)
+            wholes.put((job, max_epoch, None), version, answer)
+    if node is not None:
+        answer = answer.model_copy(update={"nodes": {n: part for n, part in answer.nodes.items() if n == node}})
+    return version, answer.model_dump_json().encode()

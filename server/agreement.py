@@ -30,6 +30,7 @@ class AgreementWaiters:
         self._interval_s = interval_s
         self._rounds: dict[str, asyncio.Future[ResumeAgreement]] = {}
         self._started: dict[str, float] = {}  # when each job's newest round started
+        self._tasks: set[asyncio.Task[None]] = set()  # the loop keeps only weak references to tasks
 
     async def wait(self, job: str, wait_s: float) -> ResumeAgreement:
         """The job's agreement once agreed or once the resume position moved, or as it stands after
@@ -56,7 +57,9 @@ class AgreementWaiters:
             loop = asyncio.get_running_loop()
             pending = self._rounds[job] = loop.create_future()
             delay = self._started.get(job, 0.0) + self._interval_s - time.monotonic()
-            loop.create_task(self._run_round(job, pending, max(0.0, delay)))
+            task = loop.create_task(self._run_round(job, pending, max(0.0, delay)))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
         return pending
 
     async def _run_round(self, job: str, pending: asyncio.Future[ResumeAgreement], delay: float) -> None:

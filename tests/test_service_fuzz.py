@@ -26,6 +26,8 @@ from schemathesis.specs.openapi.checks import (
     use_after_free,
 )
 
+import tests.fuzz_hooks  # noqa: F401  (registers the hooks for the in-process run)
+
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
 STATEFUL_CHECKS = CHECKS + [use_after_free, ensure_resource_availability]
 # CI runs 25 per operation and 20 s of sequences; bench/RESULTS.md's long run sets both higher.
@@ -60,7 +62,10 @@ def test_stateful_sequences_through_the_inferred_links(sqlite_service):
     command += ["--phases", "stateful", "--checks", ",".join(check.__name__ for check in STATEFUL_CHECKS)]
     command += ["--max-examples", "40", "--max-time", str(STATEFUL_SECONDS), "--workers", "1"]
     command += ["--report", "json", "--report-json-path", str(report)]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=STATEFUL_SECONDS + 120, cwd=ARTIFACTS)
+    hooks = {"SCHEMATHESIS_HOOKS": "tests.fuzz_hooks", "PYTHONPATH": str(ARTIFACTS.parent.parent)}
+    result = subprocess.run(
+        command, capture_output=True, text=True, timeout=STATEFUL_SECONDS + 120, cwd=ARTIFACTS, env=os.environ | hooks
+    )
     (ARTIFACTS / "stateful.txt").write_text(result.stdout)
     summary = json.loads(report.read_text())
     assert result.returncode == 0 and not summary["failures"] and not summary["errors"], result.stdout[-6000:]

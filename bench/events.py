@@ -23,17 +23,14 @@ import json
 import os
 import platform
 import re
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.service import make_database, populate, run_wrk, running_service, warm_up  # noqa: E402
-from server.migrate import migrate  # noqa: E402
+from bench.service import populate, run_wrk, running_service, scratch_database, warm_up  # noqa: E402
 from server.stream import GZIP_HEADER  # noqa: E402
 
 SUBSCRIBERS = r"""
@@ -143,11 +140,8 @@ async def commit_to_event(port: int, root: str, commits: int = 300) -> dict:
 
 
 def measure(kind: str, subscribers: int, duration: int, nice: int, reps: int, encoding: str) -> dict:
-    tmp = tempfile.mkdtemp(prefix="ckptstore-events-")
-    root = f"{tmp}/storage"
-    url, drop = make_database(kind, tmp)
-    try:
-        migrate(url)
+    with scratch_database(kind, "ckptstore-events-") as (url, tmp):
+        root = f"{tmp}/storage"
         populate(url, 1000, 8, 10, root)
         with running_service(url, 1, root) as (port, _):
             asyncio.run(warm_up(port, 1000))
@@ -195,9 +189,6 @@ def measure(kind: str, subscribers: int, duration: int, nice: int, reps: int, en
             "last_good_ratio": medians["watched"]["last_good_rps"] / medians["alone"]["last_good_rps"],
             "commit_to_event": latency,
         }
-    finally:
-        drop()
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def main() -> None:

@@ -29,30 +29,26 @@ import json
 import os
 import platform
 import re
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from collections import Counter
-from contextlib import ExitStack
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.service import (  # noqa: E402
     extract,
-    make_database,
     populate,
+    replicas,
     run_wrk,
     run_wrk_plain,
     running_service,
-    start_service,
+    scratch_database,
     warm_up,
 )
-from server.migrate import migrate  # noqa: E402
-from tests.servers import Nginx, free_port  # noqa: E402
+from tests.servers import free_port  # noqa: E402
 
 BIG_NODES = 4096
 
@@ -76,26 +72,11 @@ class Results:
                 json.dump(self.values, handle, indent=1)
 
 
-def migrate_with(code: str | None, url: str) -> None:
-    """The schema of this tree, or of the tree `code` (the previous release: its own migrations)."""
-    if code is None:
-        migrate(url)
-        return
-    script = f"import sys; sys.path.insert(0, {code!r}); from server.migrate import migrate; migrate({url!r})"
-    subprocess.run([sys.executable, "-c", script], check=True, env=os.environ | {"PYTHONPATH": code})
-
-
 def commits(kind: str, code: str | None, duration: int, workers: int) -> dict:
-    tmp = tempfile.mkdtemp(prefix="ckptstore-scale-")
-    url, drop = make_database(kind, tmp)
-    try:
-        migrate_with(code, url)
+    with scratch_database(kind, "ckptstore-scale-", code) as (url, tmp):
         populate(url, 1000, 8, 10, f"{tmp}/storage")
         with running_service(url, workers, f"{tmp}/storage", code) as (port, _):
             return run_wrk(port, "commit", duration, 1000, 8, f"{tmp}/storage", salt=3, connections=64)
-    finally:
-        drop()
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 async def send_all(port: int, requests: list[bytes], connections: int = 64) -> tuple[float, list[int]]:
@@ -138,12 +119,9 @@ def get_json(port: int, path: str) -> dict:
 
 
 def big_job(kind: str, code: str | None, workers: int) -> dict:
-    tmp = tempfile.mkdtemp(prefix="ckptstore-scale-")
-    url, drop = make_database(kind, tmp)
-    root = f"{tmp}/storage"
     nodes = [f"w{i:04d}" for i in range(BIG_NODES)]
-    try:
-        migrate_with(code, url)
+    with scratch_database(kind, "ckptstore-scale-", code) as (url, tmp):
+        root = f"{tmp}/storage"
         with running_service(url, workers, root, code) as (port, _):
             declare = urllib.request.Request(
                 f"http://127.0.0.1:{port}/v1/jobs/big",
@@ -175,9 +153,6 @@ def big_job(kind: str, code: str | None, workers: int) -> dict:
                     time.sleep(0.01)
                 result["last_good_after_last_commit_s"] = time.perf_counter() - last_commit
             return result
-    finally:
-        drop()
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def cached_vs_trivial(port: int, duration: int) -> dict:
@@ -191,37 +166,21 @@ def cached_vs_trivial(port: int, duration: int) -> dict:
 
 
 def last_good(duration: int) -> dict:
-    tmp = tempfile.mkdtemp(prefix="ckptstore-scale-")
-    url, drop = make_database("postgres", tmp)
-    root = f"{tmp}/storage"
-    try:
-        migrate(url)
+    with scratch_database("postgres", "ckptstore-scale-") as (url, tmp):
+        root = f"{tmp}/storage"
         populate(url, 1000, 8, 20, root)
         results = {}
         with running_service(url, 2, root) as (port, _):
             asyncio.run(warm_up(port, 1000))
             results["postgres_2_workers"] = cached_vs_trivial(port, duration)
-        with ExitStack() as stack:
-            ports = [free_port() for _ in range(3)]
-            for port in ports:
-                process = start_service(url, port, 1, root)
-                stack.callback(process.wait)
-                stack.callback(process.terminate)
-            proxy = Nginx(f"{tmp}/nginx", [f"127.0.0.1:{p}" for p in ports])
-            stack.callback(proxy.stop)
-            asyncio.run(warm_up(proxy.port, 1000))
-            results["postgres_3_replicas_nginx"] = cached_vs_trivial(proxy.port, duration)
+        with replicas(url, 3, root, tmp) as port:
+            asyncio.run(warm_up(port, 1000))
+            results["postgres_3_replicas_nginx"] = cached_vs_trivial(port, duration)
         return results
-    finally:
-        drop()
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def dashboard(kind: str) -> dict:
-    tmp = tempfile.mkdtemp(prefix="ckptstore-scale-")
-    url, drop = make_database(kind, tmp)
-    try:
-        migrate(url)
+    with scratch_database(kind, "ckptstore-scale-") as (url, tmp):
         populate(url, 1, BIG_NODES, 100, f"{tmp}/storage")
         with running_service(url, 1, f"{tmp}/storage") as (port, _):
             times = []
@@ -232,9 +191,6 @@ def dashboard(kind: str) -> dict:
                 times.append(time.perf_counter() - started)
             assert b'class="aggregate"' in html
             return {"median_s": statistics.median(times), "max_s": max(times), "page_kib": len(html) / 1024}
-    finally:
-        drop()
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 FIT = """
@@ -269,10 +225,7 @@ def fit_epochs(storage: str, service: str) -> list[float]:
 
 
 def outage() -> dict:
-    tmp = tempfile.mkdtemp(prefix="ckptstore-scale-")
-    try:
-        url = f"sqlite:///{tmp}/svc.db"
-        migrate(url)
+    with scratch_database("sqlite", "ckptstore-scale-") as (url, tmp):
         runs: dict[str, list[float]] = {"up": [], "down": []}
         for rep in range(2):
             with running_service(url, 1, f"{tmp}/storage") as (port, _):
@@ -280,8 +233,6 @@ def outage() -> dict:
             runs["down"] += fit_epochs(f"{tmp}/storage/down{rep}", f"http://127.0.0.1:{free_port()}")
         up, down = statistics.median(runs["up"]), statistics.median(runs["down"])
         return {"epoch_s_service_up": up, "epoch_s_service_down": down, "down_vs_up": down / up}
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def main() -> None:

@@ -32,13 +32,14 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from sqlalchemy import create_engine, event, text  # noqa: E402
 
 from server.migrate import migrate  # noqa: E402
+from tests.servers import Nginx, free_port  # noqa: E402
 
 WRK_SCRIPT = r"""
 local jobs, nodes, root, mode = %d, %d, "%s", "%s"
@@ -291,20 +292,55 @@ async def fixed_rate(port: int, rate: int, duration: float, jobs: int, connectio
     }
 
 
-def make_database(kind: str, tmp: str) -> tuple[str, callable]:
-    if kind == "sqlite":
-        return f"sqlite:///{tmp}/bench.db", lambda: None
+@contextmanager
+def scratch_database(kind: str, prefix: str, code: str | None = None) -> Iterator[tuple[str, str]]:
+    """A fresh database of `kind` with the schema of this tree, or of the tree `code` (the previous
+    release: its own migrations), and a scratch folder: (url, folder); both are gone afterwards.
+    SQLite lives in the folder; PostgreSQL is a database of this process on the machine's server."""
+    tmp = tempfile.mkdtemp(prefix=prefix)
     name = f"ckptstore_bench_{os.getpid()}"
     admin = create_engine("postgresql+psycopg://postgres@127.0.0.1:5432/postgres", isolation_level="AUTOCOMMIT")
-    with admin.connect() as c:
-        c.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        c.execute(text(f'CREATE DATABASE "{name}"'))
 
     def drop() -> None:
-        with admin.connect() as c:
-            c.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        with admin.connect() as connection:
+            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
 
-    return f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}", drop
+    try:
+        if kind == "sqlite":
+            url = f"sqlite:///{tmp}/bench.db"
+        else:
+            drop()
+            with admin.connect() as connection:
+                connection.execute(text(f'CREATE DATABASE "{name}"'))
+            url = f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
+        if code is None:
+            migrate(url)
+        else:
+            script = f"import sys; sys.path.insert(0, {code!r}); from server.migrate import migrate; migrate({url!r})"
+            subprocess.run([sys.executable, "-c", script], check=True, env=os.environ | {"PYTHONPATH": code})
+        yield url, tmp
+    finally:
+        if kind != "sqlite":
+            drop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextmanager
+def replicas(url: str, count: int, root: str, tmp: str, **nginx: int) -> Iterator[int]:
+    """`count` service processes (1 worker each) on `url`; the port to talk to: the process's for
+    one, Debian's nginx in front of them for several (`nginx`: its options, tests.servers.Nginx)."""
+    with ExitStack() as stack:
+        ports = [free_port() for _ in range(count)]
+        for port in ports:
+            process = start_service(url, port, 1, root)
+            stack.callback(process.wait)
+            stack.callback(process.terminate)
+        if count == 1:
+            yield ports[0]
+            return
+        proxy = Nginx(f"{tmp}/nginx", [f"127.0.0.1:{p}" for p in ports], **nginx)
+        stack.callback(proxy.stop)
+        yield proxy.port
 
 
 def main() -> None:
@@ -376,17 +412,8 @@ def extract(ref: str) -> str:
 
 def measure(kind: str, workers: int, code: str | None, args: argparse.Namespace) -> dict:
     """Every phase against one service (from `code`, default this tree) on a freshly populated database."""
-    tmp = tempfile.mkdtemp(prefix="ckptstore-svc-bench-")
-    root = f"{tmp}/storage"
-    url, drop = make_database(kind, tmp)
-    try:
-        if code is None:
-            migrate(url)
-        else:  # the previous release's own schema
-            migration = (
-                f"import sys; sys.path.insert(0, {code!r}); from server.migrate import migrate; migrate({url!r})"
-            )
-            subprocess.run([sys.executable, "-c", migration], check=True, env=os.environ | {"PYTHONPATH": code})
+    with scratch_database(kind, "ckptstore-svc-bench-", code) as (url, tmp):
+        root = f"{tmp}/storage"
         run: dict = {
             "db": kind,
             "workers": workers,
@@ -409,9 +436,6 @@ def measure(kind: str, workers: int, code: str | None, args: argparse.Namespace)
             if "fixed_rate" in args.phases:
                 run["fixed_rate_after_writes"] = asyncio.run(fixed_rate(port, args.rate, args.duration, args.jobs))
         return run
-    finally:
-        drop()
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def run_wrk_plain(port: int, duration: int) -> dict:

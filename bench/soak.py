@@ -18,16 +18,13 @@ import os
 import platform
 import random
 import re
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.service import make_database, populate, running_service
-from server.migrate import migrate
+from bench.service import populate, running_service, scratch_database
 
 NODES, EPOCHS, WARM_UP_S = 8, 20, 10
 
@@ -122,17 +119,11 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1000)
     parser.add_argument("--db", default="sqlite", choices=["sqlite", "postgres"])
     args = parser.parse_args()
-    tmp = tempfile.mkdtemp(prefix="ckptstore-soak-")
-    root = f"{tmp}/storage"
-    url, drop = make_database(args.db, tmp)
-    try:
-        migrate(url)
+    with scratch_database(args.db, "ckptstore-soak-") as (url, tmp):
+        root = f"{tmp}/storage"
         populate(url, args.jobs, NODES, EPOCHS, root)
         with running_service(url, 1, root) as (port, process):
             result = asyncio.run(soak(port, process.pid, args.rate, args.duration, args.jobs, root))
-    finally:
-        drop()
-        shutil.rmtree(tmp, ignore_errors=True)
     result |= {
         "command": " ".join(["python"] + sys.argv),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",

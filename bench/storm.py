@@ -30,22 +30,16 @@ import json
 import os
 import re
 import resource
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.scale import Results, commit, get_json, post, send_all  # noqa: E402
-from bench.service import make_database, populate, run_wrk, start_service  # noqa: E402
+from bench.service import populate, replicas, run_wrk, scratch_database  # noqa: E402
 from client.restore import AGREEMENT_WAIT_S  # noqa: E402
-from server.migrate import migrate  # noqa: E402
-from tests.servers import Nginx, free_port  # noqa: E402
 
 JOB = "storm"
 
@@ -54,23 +48,6 @@ def raise_open_files() -> None:
     """One connection per node: the soft limit on open files up to the hard one."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-
-
-@contextmanager
-def services(url: str, replicas: int, root: str, tmp: str) -> Iterator[int]:
-    """`replicas` service processes (1 worker each) on `url`; the port to talk to (nginx's for several)."""
-    with ExitStack() as stack:
-        ports = [free_port() for _ in range(replicas)]
-        for port in ports:
-            process = start_service(url, port, 1, root)
-            stack.callback(process.wait)
-            stack.callback(process.terminate)
-        if replicas == 1:
-            yield ports[0]
-            return
-        proxy = Nginx(f"{tmp}/nginx", [f"127.0.0.1:{p}" for p in ports], worker_connections=16384)
-        stack.callback(proxy.stop)
-        yield proxy.port
 
 
 def prepare(port: int, nodes: list[str], root: str) -> None:
@@ -180,33 +157,21 @@ async def storm_once(port: int, nodes: list[str]) -> dict:
 
 
 def storm(setup: str, count: int) -> dict:
-    kind, replicas = setup.split("-")
-    tmp = tempfile.mkdtemp(prefix="ckptstore-storm-")
-    url, drop = make_database(kind, tmp)
-    root = f"{tmp}/storage"
+    kind, processes = setup.split("-")
     nodes = [f"w{i:04d}" for i in range(count)]
-    try:
-        migrate(url)
-        with services(url, int(replicas), root, tmp) as port:
+    with scratch_database(kind, "ckptstore-storm-") as (url, tmp):
+        root = f"{tmp}/storage"
+        with replicas(url, int(processes), root, tmp, worker_connections=16384) as port:
             prepare(port, nodes, root)
             return asyncio.run(storm_once(port, nodes))
-    finally:
-        drop()
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
-def commit_tail(replicas: int, duration: int) -> dict:
-    tmp = tempfile.mkdtemp(prefix="ckptstore-storm-")
-    url, drop = make_database("postgres", tmp)
-    root = f"{tmp}/storage"
-    try:
-        migrate(url)
+def commit_tail(processes: int, duration: int) -> dict:
+    with scratch_database("postgres", "ckptstore-storm-") as (url, tmp):
+        root = f"{tmp}/storage"
         populate(url, 1000, 8, 10, root)
-        with services(url, replicas, root, tmp) as port:
+        with replicas(url, processes, root, tmp) as port:
             return run_wrk(port, "commit", duration, 1000, 8, root, salt=3, connections=64)
-    finally:
-        drop()
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def main() -> None:
@@ -222,8 +187,8 @@ def main() -> None:
     for setup in args.setups:
         record(f"storm/{setup}", storm(setup, args.nodes))
     if args.commit_duration:
-        for replicas in (1, 3):
-            record(f"commit_tail/postgres-{replicas}", commit_tail(replicas, args.commit_duration))
+        for processes in (1, 3):
+            record(f"commit_tail/postgres-{processes}", commit_tail(processes, args.commit_duration))
 
 
 if __name__ == "__main__":

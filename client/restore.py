@@ -39,9 +39,9 @@ AGREEMENT_POLL_S = (0.2, 2.0)  # the first wait between two agreement polls, and
 
 
 def agreement_poll_s(polls: int) -> float:
-    """The wait before the next agreement poll after `polls` of them: from 0.2 s growing to 2 s, each
-    ±50 % at random, so that the nodes of a job restarting together do not poll in lockstep (4,096
-    nodes polling every 0.2 s would ask the service 20,000 times a second: bench/storm.py)."""
+    """With a service that answers the agreement at once (one older than `?wait_s=`), the wait before
+    the next poll after `polls` of them: from 0.2 s growing to 2 s, each ±50 % at random, so that the
+    nodes of a job restarting together do not poll in lockstep."""
     first, longest = AGREEMENT_POLL_S
     return min(longest, first * 1.5**polls) * random.uniform(0.5, 1.5)
 

@@ -25,7 +25,7 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ckptstore.errors import InvalidNameError
-from ckptstore.names import validate_name
+from ckptstore.names import NAME_PATTERN, validate_name
 from ckptstore.schema import AttemptRequest, CommitBatch, CommitOutcome, CommitRequest, NodeCommit
 from server.batching import WriteBatcher
 from server.metrics import METRICS
@@ -35,7 +35,8 @@ __all__ = ["LastGoodFastPath", "WriteFastPath", "LAST_GOOD_ROUTE", "COMMIT_ROUTE
 
 LAST_GOOD_ROUTE = "/v1/jobs/{job}/last-good-epoch"
 _PATH = re.compile(r"/v1/jobs/([^/]+)/last-good-epoch\Z")
-_QUERY = re.compile(rb"(?:max_epoch=([0-9]{1,10})(?:&node=([A-Za-z0-9._-]{1,128}))?|node=([A-Za-z0-9._-]{1,128}))?\Z")
+_NODE = NAME_PATTERN.encode()
+_QUERY = re.compile(rb"(?:max_epoch=([0-9]{1,10})(?:&node=(%s))?|node=(%s))?\Z" % (_NODE, _NODE))
 _HEADERS = [(b"content-type", b"application/json")]
 _WRITE = re.compile(r"/v1/jobs/([^/]+)/(?:nodes/([^/]+)/(checkpoints|attempts)|checkpoints/(batch))\Z")
 COMMIT_ROUTE = "/v1/jobs/{job}/nodes/{node}/checkpoints"

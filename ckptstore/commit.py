@@ -1,30 +1,33 @@
 """The commit protocol: how a checkpoint's bytes become a committed checkpoint, and how a failed
 attempt is cleared away.
 
-Invariant (commit): every shard is fully written — and, on local disk, fsynced together with its
-directories — before the manifest is published; the manifest is published atomically (local: temp
+Invariant (commit): every blob the manifest names is fully written — and, on local disk, fsynced
+together with its directories — before the manifest is published; the manifest is published atomically (local: temp
 file, fsync, rename, fsync of the directory; object stores: a single PUT). A prefix without a
 manifest that parses and verifies is not committed, whatever else it holds, so a crash at any
 instant leaves either the whole checkpoint or an uncommitted leftover that retention removes.
 
-NOTE: each attempt writes under its own prefix (`ckptstore.layout`), so no two writers share a
-manifest and nothing here needs a create-only precondition (the GCS emulator ignores them).
+NOTE: each attempt writes its manifest under its own prefix (`ckptstore.layout`), so no two writers
+share a manifest; blobs are named by their content, so two writers of one blob write the same bytes.
+Nothing here needs a create-only precondition (the GCS emulator ignores them).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+import secrets
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from concurrent.futures import Executor, ThreadPoolExecutor
 from datetime import datetime, timezone
 from typing import Any
 
 import numpy as np
 
+from ckptstore.blobs import Examined, blob_id, examine, pool_lock, referenced, tensor_probe
 from ckptstore.copykey import CopyKey
 from ckptstore.crc import checksum, format_crc
 from ckptstore.errors import CorruptCheckpointError
-from ckptstore.layout import MANIFEST_NAME, shard_name
+from ckptstore.layout import BLOB_TEMP_PREFIX, MANIFEST_NAME, blob_key
 from ckptstore.manifest import Manifest, ShardRecord, TensorRecord
 from ckptstore.shard import ShardPlan, iter_shard_chunks, plan_shards
 from ckptstore.storage import Storage
@@ -33,6 +36,7 @@ __all__ = ["commit_checkpoint", "copy_checkpoint", "discard_uncommitted"]
 
 log = logging.getLogger("ckptstore")
 _DIRECTORY_LEVELS = 3  # <job>/<node>/<position>/ above the attempt prefix may be new too
+_POOL_LEVELS = 2  # <job>/<node>/ above a new pool
 
 
 def commit_checkpoint(
@@ -44,49 +48,95 @@ def commit_checkpoint(
     metadata: dict[str, Any],
     shard_size: int,
     concurrency: int,
+    bases: Sequence[Manifest] = (),
 ) -> Manifest:
-    """Write `arrays` as the copy's shards, make them durable, then publish its manifest."""
+    """Write what of `arrays` the `bases` (committed copies on this storage) do not hold as blobs in
+    the node's pool, make them durable, then publish the copy's manifest."""
     key = copy.relpath
-    plans = plan_shards(arrays, shard_size)
+    examined = examine(arrays, bases, concurrency=concurrency)
+    changed = {name: array for name, array in arrays.items() if name not in examined.unchanged}
+    plans = plan_shards(changed, shard_size) if changed or not arrays else []
     storage.make_prefix(key)
-    try:
-        shards, crcs = _write_shards(storage, key, plans, arrays, concurrency)
-        # Shard entries (and the new directories) must be durable before the manifest names them.
-        storage.sync_directory(key, up_to=_DIRECTORY_LEVELS)
-        slots = {slot.name: slot for plan in plans for slot in plan.slots}
-        manifest = Manifest(
-            job=copy.job,
-            node=copy.node,
-            epoch=copy.position.epoch,
-            batch=copy.position.batch,
-            attempt=copy.attempt,
-            step=step,
-            created_at=datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
-            metadata=metadata,
-            shards=tuple(shards),
-            tensors=tuple(
-                TensorRecord(
-                    name=name,
-                    dtype=slots[name].dtype,
-                    shape=slots[name].shape,
-                    shard=slots[name].shard,
-                    begin=slots[name].begin,
-                    end=slots[name].end,
-                    crc32c=format_crc(crcs[name]),
-                )
-                for name in arrays
-            ),
-        )
-        storage.publish_object(f"{key}/{MANIFEST_NAME}", manifest.to_json())
-    except BaseException:
-        discard_uncommitted(storage, key)
-        raise
+    with pool_lock(storage, copy.job, copy.node):
+        try:
+            written, crcs = _write_blobs(storage, copy, plans, changed, examined, referenced(bases), concurrency)
+            # Blobs and the copy's folder must be durable before the manifest names them.
+            storage.sync_directory(key, up_to=_DIRECTORY_LEVELS)
+            manifest = _manifest(copy, arrays, examined, plans, written, crcs, step=step, metadata=metadata)
+            storage.publish_object(f"{key}/{MANIFEST_NAME}", manifest.to_json())
+        except BaseException:
+            discard_uncommitted(storage, key)
+            raise
     return manifest
 
 
-def _write_shards(
-    storage: Storage, key: str, plans: Sequence[ShardPlan], arrays: Mapping[str, np.ndarray], concurrency: int
+def _manifest(
+    copy: CopyKey,
+    arrays: Mapping[str, np.ndarray],
+    examined: Examined,
+    plans: Sequence[ShardPlan],
+    written: Sequence[ShardRecord],
+    crcs: dict[str, int],
+    *,
+    step: int | None,
+    metadata: dict[str, Any],
+) -> Manifest:
+    shards: list[ShardRecord] = []
+    index: dict[str, int] = {}
+
+    def place(shard: ShardRecord) -> int:
+        if shard.file not in index:
+            index[shard.file] = len(shards)
+            shards.append(shard)
+        return index[shard.file]
+
+    slots = {slot.name: (slot, place(record)) for plan, record in zip(plans, written) for slot in plan.slots}
+    tensors = []
+    for name, array in arrays.items():
+        if name in examined.unchanged:
+            record, shard = examined.unchanged[name]
+            tensors.append(record.model_copy(update={"shard": place(shard)}))
+            continue
+        slot, shard_index = slots[name]
+        tensors.append(
+            TensorRecord(
+                name=name,
+                dtype=slot.dtype,
+                shape=slot.shape,
+                shard=shard_index,
+                begin=slot.begin,
+                end=slot.end,
+                crc32c=format_crc(crcs[name]),
+                hash=examined.hashes[name],
+                probe=examined.probes.get(name) or tensor_probe(array),
+            )
+        )
+    return Manifest(
+        job=copy.job,
+        node=copy.node,
+        epoch=copy.position.epoch,
+        batch=copy.position.batch,
+        attempt=copy.attempt,
+        step=step,
+        created_at=datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
+        metadata=metadata,
+        shards=tuple(shards),
+        tensors=tuple(tensors),
+    )
+
+
+def _write_blobs(
+    storage: Storage,
+    copy: CopyKey,
+    plans: Sequence[ShardPlan],
+    arrays: Mapping[str, np.ndarray],
+    examined: Examined,
+    held: Collection[str],
+    concurrency: int,
 ) -> tuple[list[ShardRecord], dict[str, int]]:
+    """Write each planned shard as a blob of the copy's node (but those the bases hold already)."""
+    staged = _Staging(storage)
+
     def write(plan: ShardPlan) -> tuple[ShardRecord, dict[str, int]]:
         crcs: dict[str, int] = {}
         shard_crc = 0
@@ -99,26 +149,70 @@ def _write_shards(
                 shard_crc = checksum(chunk, shard_crc)
                 yield chunk
 
-        storage.write_object(f"{key}/{shard_name(plan.index)}", chunks(), plan.size)
-        return ShardRecord(file=shard_name(plan.index), bytes=plan.size, crc32c=format_crc(shard_crc)), crcs
+        identity = blob_id(plan.header, (examined.hash_of(slot.name, arrays[slot.name]) for slot in plan.slots))
+        final = blob_key(copy.job, copy.node, identity)
+        if final in held:
+            for _ in chunks():
+                pass  # the bytes are there: only their checksums are needed
+        else:
+            storage.write_object(staged.place(final), chunks(), plan.size)
+        return ShardRecord(file=final, bytes=plan.size, crc32c=format_crc(shard_crc), blob=identity), crcs
 
-    with ThreadPoolExecutor(max_workers=min(concurrency, len(plans))) as pool:
+    with ThreadPoolExecutor(max_workers=max(1, min(concurrency, len(plans)))) as pool:
         results = list(pool.map(write, plans))
-        storage.sync_files([f"{key}/{record.file}" for record, _ in results], pool)
+        staged.commit(pool)
     crcs = {name: crc for _, part in results for name, crc in part.items()}
     return [record for record, _ in results], crcs
 
 
-def copy_checkpoint(source: Storage, target: Storage, key: str, manifest: Manifest, *, concurrency: int) -> None:
-    """Stream a committed checkpoint's shards from `source` to `target` and commit it there.
+class _Staging:
+    """Blobs on their way into a pool: local files are written under a temporary name, fsynced together,
+    then renamed into place (two writers of one blob never see each other's half); object stores are
+    written in place, since a PUT appears whole or not at all."""
+
+    def __init__(self, storage: Storage):
+        self.storage = storage
+        self.moves: list[tuple[str, str]] = []
+        self.pools: set[str] = set()
+
+    def place(self, final: str) -> str:
+        """Where to write the blob `final` now."""
+        if not self.storage.is_local:
+            return final
+        pool = final.rsplit("/", 1)[0]
+        if pool not in self.pools:
+            self.storage.make_prefix(pool)
+            self.pools.add(pool)
+        temp = f"{pool}/{BLOB_TEMP_PREFIX}{secrets.token_hex(8)}"
+        self.moves.append((temp, final))
+        return temp
+
+    def commit(self, pool: Executor) -> None:
+        """Make the staged blobs durable under their own names."""
+        if not self.moves:
+            return
+        self.storage.sync_files([temp for temp, _ in self.moves], pool)
+        for temp, final in self.moves:
+            self.storage.rename(temp, final)
+        for directory in sorted(self.pools):
+            self.storage.sync_directory(directory, up_to=_POOL_LEVELS)
+
+
+def copy_checkpoint(
+    source: Storage, target: Storage, key: str, manifest: Manifest, *, concurrency: int, held: Collection[str] = ()
+) -> None:
+    """Stream a committed checkpoint's shards from `source` to `target` (but the blobs in `held`, which
+    `target` holds for a committed copy already) and commit it there.
 
     Each shard's size and CRC32C are checked as it streams through; a shard that does not match
     raises CorruptCheckpointError before its upload completes, and nothing is committed.
     """
     source_location = source.path(key)
+    copy = manifest.key()
+    staged = _Staging(target)
 
-    def copy(shard: ShardRecord) -> str:
-        relpath = f"{key}/{shard.file}"
+    def send(shard: ShardRecord) -> str:
+        relpath = shard.key(key)
 
         def chunks() -> Iterator[memoryview | bytes]:
             crc = size = 0
@@ -140,18 +234,23 @@ def copy_checkpoint(source: Storage, target: Storage, key: str, manifest: Manife
                     file=shard.file,
                 )
 
-        target.write_object(relpath, chunks(), shard.bytes)
-        return relpath
+        destination = relpath if shard.blob is None else staged.place(relpath)
+        target.write_object(destination, chunks(), shard.bytes)
+        return destination
 
+    missing = [shard for shard in manifest.shards if shard.file not in held]
     target.make_prefix(key)
-    try:
-        with ThreadPoolExecutor(max_workers=min(concurrency, max(1, len(manifest.shards)))) as pool:
-            target.sync_files(list(pool.map(copy, manifest.shards)), pool)
-        target.sync_directory(key, up_to=_DIRECTORY_LEVELS)
-        target.publish_object(f"{key}/{MANIFEST_NAME}", manifest.to_json())
-    except BaseException:
-        discard_uncommitted(target, key)
-        raise
+    with pool_lock(target, copy.job, copy.node):
+        try:
+            with ThreadPoolExecutor(max_workers=min(concurrency, max(1, len(missing)))) as pool:
+                written = list(pool.map(send, missing))
+                target.sync_files([relpath for relpath, shard in zip(written, missing) if shard.blob is None], pool)
+                staged.commit(pool)
+            target.sync_directory(key, up_to=_DIRECTORY_LEVELS)
+            target.publish_object(f"{key}/{MANIFEST_NAME}", manifest.to_json())
+        except BaseException:
+            discard_uncommitted(target, key)
+            raise
 
 
 def discard_uncommitted(storage: Storage, key: str) -> None:

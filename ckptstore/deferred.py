@@ -23,7 +23,7 @@ import numpy as np
 from ckptstore.crc import byte_view, checksum, format_crc
 from ckptstore.errors import CorruptCheckpointError
 from ckptstore.localfs import aligned_empty
-from ckptstore.manifest import Manifest, TensorRecord
+from ckptstore.manifest import Manifest, ShardRecord, TensorRecord
 from ckptstore.shard import numpy_dtype
 from ckptstore.storage import Storage
 from ckptstore.verify import as_array, raise_first, read_verified, scan_shards
@@ -43,7 +43,7 @@ class VerifiedTensors(Mapping[str, np.ndarray]):
     def __getitem__(self, name: str) -> np.ndarray:
         record = self._records[name]
         buffer = aligned_empty(record.nbytes)
-        self._fill(self._manifest.shards[record.shard].file, [(record, buffer)])
+        self._fill(self._manifest.shards[record.shard], [(record, buffer)])
         return as_array(buffer, record, 0)
 
     def __contains__(self, name: object) -> bool:
@@ -63,20 +63,23 @@ class VerifiedTensors(Mapping[str, np.ndarray]):
     def read_into(self, targets: Mapping[str, np.ndarray]) -> None:
         """Copy each named tensor into its target (a writable, C-contiguous array of the tensor's
         size), one thread per shard in flight, and check its CRC32C where it landed."""
-        by_file: dict[str, list[tuple[TensorRecord, np.ndarray]]] = {}
+        by_shard: dict[int, list[tuple[TensorRecord, np.ndarray]]] = {}
         for name, target in targets.items():
             record = self._records[name]
             if byte_view(target).nbytes != record.nbytes:
                 raise ValueError(f"target for {name!r} holds {target.nbytes} bytes, the tensor {record.nbytes}")
-            by_file.setdefault(self._manifest.shards[record.shard].file, []).append((record, target))
+            by_shard.setdefault(record.shard, []).append((record, target))
 
-        with ThreadPoolExecutor(max_workers=max(1, min(self._concurrency, len(by_file)))) as pool:
-            for _ in pool.map(lambda file: self._fill(file, by_file[file]), sorted(by_file)):
+        with ThreadPoolExecutor(max_workers=max(1, min(self._concurrency, len(by_shard)))) as pool:
+            for _ in pool.map(
+                lambda index: self._fill(self._manifest.shards[index], by_shard[index]), sorted(by_shard)
+            ):
                 pass
 
-    def _fill(self, file: str, pairs: list[tuple[TensorRecord, np.ndarray]]) -> None:
-        """Read each tensor of `file` into its target and check its CRC32C there."""
-        fd = os.open(self._storage.path(f"{self._key}/{file}"), os.O_RDONLY)
+    def _fill(self, shard: ShardRecord, pairs: list[tuple[TensorRecord, np.ndarray]]) -> None:
+        """Read each tensor of `shard` into its target and check its CRC32C there."""
+        file = shard.file
+        fd = os.open(self._storage.path(shard.key(self._key)), os.O_RDONLY)
         try:
             for record, target in pairs:
                 view, filled = byte_view(target), 0

@@ -139,6 +139,15 @@ def _read_pool() -> ThreadPoolExecutor:
     return _reader
 
 
+def _forget_pool() -> None:
+    """A forked child has none of its parent's threads: it starts a pool of its own."""
+    global _reader
+    _reader = None
+
+
+os.register_at_fork(after_in_child=_forget_pool)
+
+
 def read_direct(path: str) -> np.ndarray | None:
     """The whole file read with O_DIRECT into a page-aligned buffer, in 32 MiB pieces read in
     parallel (no readahead with O_DIRECT: the disk needs many requests in flight — a cold 1 GiB read

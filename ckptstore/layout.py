@@ -1,8 +1,10 @@
 """The on-storage layout: every name ckptstore writes is built (and parsed) here.
 
     <root>/<job>/<node>/<epoch:010d>[.b<batch:010d>]/<attempt>/
-        tensors-00000.safetensors …   shards
         MANIFEST.json                 written last; a manifest that parses and verifies = committed
+        tensors-00000.safetensors …   shards of a format-1 copy (before content-addressed blobs)
+    <root>/<job>/<node>/.blobs/<id>.safetensors
+                                      the node's content-addressed shards, shared by its copies
 
 The service and the client both build locations with `checkpoint_location`, so a commit's
 location can be checked by string equality.
@@ -12,15 +14,20 @@ from __future__ import annotations
 
 import re
 
-from ckptstore.names import validate_attempt, validate_name
+from ckptstore.names import NAME_PATTERN, validate_attempt, validate_name
 from ckptstore.position import Position
 
 __all__ = [
     "MANIFEST_TEMP_PREFIX",
     "MANIFEST_NAME",
     "PROBE_DIR",
+    "BLOB_DIR",
+    "BLOB_TEMP_PREFIX",
     "shard_name",
     "is_shard_name",
+    "blob_pool",
+    "blob_key",
+    "parse_blob_key",
     "position_dirname",
     "parse_position_dirname",
     "position_key",
@@ -32,7 +39,10 @@ __all__ = [
 MANIFEST_NAME = "MANIFEST.json"
 MANIFEST_TEMP_PREFIX = ".MANIFEST.json.tmp-"
 PROBE_DIR = ".ckptstore-probe"
+BLOB_DIR = ".blobs"
+BLOB_TEMP_PREFIX = ".tmp-"
 _SHARD_RE = re.compile(r"tensors-([0-9]{5})\.safetensors\Z")
+_BLOB_RE = re.compile(r"(" + NAME_PATTERN + r")/(" + NAME_PATTERN + r")/\.blobs/([0-9a-f]{32})\.safetensors\Z")
 _POSITION_RE = re.compile(r"([0-9]{10})(?:\.b([0-9]{10}))?\Z")
 
 
@@ -42,6 +52,24 @@ def shard_name(index: int) -> str:
 
 def is_shard_name(name: str) -> bool:
     return _SHARD_RE.match(name) is not None
+
+
+def blob_pool(job: str, node: str) -> str:
+    """The folder of a node's content-addressed blobs, relative to the storage root."""
+    return f"{validate_name(job, kind='job')}/{validate_name(node, kind='node')}/{BLOB_DIR}"
+
+
+def blob_key(job: str, node: str, blob_id: str) -> str:
+    """Where the blob `blob_id` of a node's pool lies, relative to the storage root."""
+    return f"{blob_pool(job, node)}/{blob_id}.safetensors"
+
+
+def parse_blob_key(key: str) -> tuple[str, str, str] | None:
+    """(job, node, blob id) of a blob key, or None for anything else (a `..` in a name included)."""
+    match = _BLOB_RE.match(key)
+    if match is None or ".." in match.group(1) or ".." in match.group(2):
+        return None
+    return match.group(1), match.group(2), match.group(3)
 
 
 def position_dirname(position: Position) -> str:

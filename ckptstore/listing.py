@@ -11,6 +11,7 @@ import logging
 from collections.abc import Collection, Iterator
 
 from ckptstore.copykey import CopyKey
+from ckptstore.errors import InvalidNameError
 from ckptstore.layout import MANIFEST_NAME, parse_position_dirname, position_key
 from ckptstore.manifest import Manifest, ManifestError, parse_manifest
 from ckptstore.names import (
@@ -30,6 +31,7 @@ __all__ = [
     "stored_attempts",
     "committed_manifests",
     "manifest_owner",
+    "refuse_foreign",
     "case_twin",
     "list_checkpoints",
     "highest_attempt",
@@ -100,6 +102,16 @@ def manifest_owner(storage: Storage, relpath: str) -> CopyKey | None:
     return manifest.key()
 
 
+def refuse_foreign(storage: Storage, key: CopyKey, location: str) -> None:
+    """Refuse to delete a prefix that leads outside the root (a symbolic link on the way) or whose
+    manifest names another job, node, position or attempt: it is not this checkpoint's to delete."""
+    if storage.escapes(key.relpath):
+        raise InvalidNameError(f"refusing to delete {location}: it leads outside {storage.root} (a symbolic link)")
+    owner = manifest_owner(storage, key.relpath)
+    if owner is not None and not owner.is_copy_of(key):
+        raise InvalidNameError(f"refusing to delete {location}: its manifest belongs to another checkpoint")
+
+
 def list_checkpoints(
     storage: Storage, url: str, job: str, node: str, *, tier: Tier, concurrency: int, skip: Collection[CopyKey] = ()
 ) -> list[CheckpointInfo]:
@@ -144,7 +156,7 @@ def list_checkpoints(
                 key=key,
                 location=key.location(url),
                 committed=manifest is not None,
-                bytes=sum(f.size for f in files),
+                bytes=manifest.total_bytes if manifest is not None else sum(f.size for f in files),
                 modified=max((f.mtime for f in files if f.mtime is not None), default=None),
                 manifest=manifest,
                 foreign=foreign,

@@ -4,6 +4,11 @@ Invariant: `parse_manifest` accepts a manifest only if it parses, carries a matc
 self-checksum, names only shard files of the layout, describes byte ranges that lie inside
 their shards and agree with dtype × shape, and was written for the path it sits at. Anything
 else counts as "not committed" — never as a partially valid checkpoint.
+
+Format 1 keeps its shards in the copy's own folder (`tensors-00000.safetensors`); format 2 keeps
+them as content-addressed blobs in a node's pool (`<job>/<node>/.blobs/<id>.safetensors`, the
+`file` relative to the storage root), shared by every copy whose tensors they hold, and records
+each tensor's content hash so the next save can tell what did not change (`ckptstore.blobs`).
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ckptstore.copykey import CopyKey
 from ckptstore.crc import checksum, format_crc
 from ckptstore.errors import InvalidNameError
-from ckptstore.layout import is_shard_name
+from ckptstore.layout import is_shard_name, parse_blob_key
 from ckptstore.names import NAME_PATTERN, Tier, validate_attempt
 from ckptstore.position import POSITION_LIMIT, Position
 from ckptstore.shard import numpy_dtype
@@ -35,9 +40,11 @@ __all__ = [
 ]
 
 FORMAT_NAME: Literal["ckptstore.manifest"] = "ckptstore.manifest"
-FORMAT_VERSION: Literal[1] = 1
+FORMAT_VERSION: Literal[2] = 2
 MAX_MANIFEST_BYTES = 64 << 20
 _CRC_PATTERN = r"^[0-9a-f]{8}$"
+_ID_PATTERN = r"^[0-9a-f]{32}$"
+_PROBE_PATTERN = r"^[0-9a-f]{16}$"
 _Count = Field(ge=0, lt=POSITION_LIMIT)
 
 
@@ -53,6 +60,11 @@ class ShardRecord(_Strict):
     file: str
     bytes: int = Field(ge=0)
     crc32c: str = Field(pattern=_CRC_PATTERN)
+    blob: str | None = Field(default=None, pattern=_ID_PATTERN)
+
+    def key(self, copy: str) -> str:
+        """Where the shard lies relative to the storage root, for the copy whose folder is `copy`."""
+        return self.file if self.blob is not None else f"{copy}/{self.file}"
 
 
 class TensorRecord(_Strict):
@@ -63,6 +75,8 @@ class TensorRecord(_Strict):
     begin: int = Field(ge=0)
     end: int = Field(ge=0)
     crc32c: str = Field(pattern=_CRC_PATTERN)
+    hash: str | None = Field(default=None, pattern=_ID_PATTERN)
+    probe: str | None = Field(default=None, pattern=_PROBE_PATTERN)
 
     @property
     def nbytes(self) -> int:
@@ -71,7 +85,7 @@ class TensorRecord(_Strict):
 
 class Manifest(_Strict):
     format: Literal["ckptstore.manifest"] = FORMAT_NAME
-    format_version: Literal[1] = FORMAT_VERSION
+    format_version: Literal[1, 2] = FORMAT_VERSION
     job: str = Field(pattern="^" + NAME_PATTERN + "$")
     node: str = Field(pattern="^" + NAME_PATTERN + "$")
     epoch: int = _Count
@@ -113,13 +127,25 @@ def _canonical(body: dict[str, Any]) -> bytes:
     return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 
+def _names_shard(shard: ShardRecord, version: int) -> bool:
+    """Format 1 names shard files in the copy's folder; format 2 names blobs (their id in the key)."""
+    if version == 1:
+        return shard.blob is None and is_shard_name(shard.file)
+    parsed = parse_blob_key(shard.file)
+    return parsed is not None and parsed[2] == shard.blob
+
+
 def _check_consistency(manifest: Manifest) -> None:
     try:
         validate_attempt(manifest.attempt)
     except InvalidNameError as exc:
         raise ManifestError(str(exc)) from None
     files = [shard.file for shard in manifest.shards]
-    if not files or any(not is_shard_name(f) for f in files) or len(set(files)) != len(files):
+    if (
+        not files
+        or any(not _names_shard(s, manifest.format_version) for s in manifest.shards)
+        or len(set(files)) != len(files)
+    ):
         raise ManifestError(f"manifest lists invalid shard files {files[:5]}")
     names = [t.name for t in manifest.tensors]
     if len(set(names)) != len(names):

@@ -33,9 +33,16 @@ class CheckpointRef:
             key=manifest.key(tier),
             location=location,
             bytes=manifest.total_bytes,
-            checksums={s.file: f"crc32c:{s.crc32c}" for s in manifest.shards},
+            checksums={s.file.rsplit("/", 1)[-1]: f"crc32c:{s.crc32c}" for s in manifest.shards},
             manifest=manifest,
         )
+
+    @property
+    def shard_locations(self) -> list[str]:
+        """Where each of the copy's shards lies, in the manifest's order (blobs may be shared with
+        other copies of the node: `ckptstore.blobs`)."""
+        root = self.location[: -len(self.key.relpath) - 1]
+        return [f"{root}/{shard.key(self.key.relpath)}" for shard in self.manifest.shards]
 
 
 @dataclass(frozen=True)

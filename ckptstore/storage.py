@@ -170,6 +170,12 @@ class Storage:
             self.fs.pipe_file(path, data)
 
     @_boundary(missing_passes=False)
+    def rename(self, relpath: str, target: str) -> None:
+        """Move a local file into place atomically, replacing what is there (object stores are
+        written in place instead: a PUT appears whole or not at all)."""
+        os.replace(self.path(relpath), self.path(target))
+
+    @_boundary(missing_passes=False)
     def make_prefix(self, relpath: str) -> None:
         """Create a directory prefix (local disk only; object stores have no directories)."""
         if self.is_local:

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import json
 import logging
+import math
+import time
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
 
-from ckptstore import listing
+from ckptstore import blobs, listing
 from ckptstore.commit import commit_checkpoint, copy_checkpoint
 from ckptstore.copykey import CopyKey
 from ckptstore.deferred import read_deferred
@@ -36,7 +38,7 @@ from ckptstore.probe import probe_access
 from ckptstore.report import AccessReport, CheckpointInfo, CheckpointRef, LoadedCheckpoint, VerifyReport
 from ckptstore.shard import prepare_arrays
 from ckptstore.storage import Storage, open_storage
-from ckptstore.verify import Problem, read_verified, scan_shards
+from ckptstore.verify import Problem, read_verified, scan_shards, size_problems
 
 __all__ = ["Store", "DEFAULT_SHARD_SIZE", "DEFAULT_CONCURRENCY"]
 
@@ -65,6 +67,7 @@ class Store:
         self.concurrency = concurrency
         self.tier: Tier = tier
         self._storage: Storage = open_storage(self.url, storage_options)
+        self._newest = blobs.NewestCopies()
 
     def __repr__(self) -> str:
         return f"Store({self.url!r})"
@@ -157,7 +160,7 @@ class Store:
         """Delete one attempt (or every attempt) of a position; returns the deleted locations."""
         stored = self._stored(job, node, Position(epoch, batch), attempt)
         for key in stored:
-            self._refuse_foreign(key)
+            listing.refuse_foreign(self._storage, key, self.location(key))
         return [self._delete(key) for key in stored]
 
     def accessible(self, *, timeout: float = 10.0) -> AccessReport:
@@ -174,8 +177,12 @@ class Store:
         *,
         step: int | None = None,
         metadata: Mapping[str, Any] | None = None,
+        bases: Sequence[Manifest] = (),
     ) -> CheckpointRef:
-        """Write and commit the copy `key` here. Raises CommitConflictError if it is already committed."""
+        """Write and commit the copy `key` here. Raises CommitConflictError if it is already committed.
+
+        Tensors equal to the node's newest committed copy here (or to one of `bases`: committed copies
+        on this root, a fork's parent) are not written again: the manifest points at their blobs."""
         if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
             raise ValueError(f"step must be a non-negative integer, got {step!r}")
         metadata = dict(metadata or {})
@@ -198,7 +205,9 @@ class Store:
             metadata=metadata,
             shard_size=self.shard_size,
             concurrency=self.concurrency,
+            bases=[*self._newest.base(self._storage, key.job, key.node, self._manifests), *bases],
         )
+        self._newest.remember(manifest)
         return CheckpointRef.of(self.location(key), manifest, self.tier)
 
     def read(
@@ -285,14 +294,32 @@ class Store:
         The manifest goes first, so a crash mid-delete leaves an uncommitted leftover, never a
         committed checkpoint with missing shards.
         """
-        self._refuse_foreign(key)
+        listing.refuse_foreign(self._storage, key, self.location(key))
         return self._delete(key)
 
     def _delete(self, key: CopyKey) -> str:
+        try:
+            released = blobs.referenced([self.manifest(key)])
+        except (CheckpointNotFoundError, CorruptCheckpointError):
+            released = set()
         self._storage.remove_file(f"{key.relpath}/{MANIFEST_NAME}")
         self._storage.remove_prefix(key.relpath)
         self._storage.remove_empty_directory(position_key(key.job, key.node, key.position))
+        if released:
+            blobs.collect(self._storage, key.job, key.node, self._manifests, released=released, older_than=-math.inf)
         return self.location(key)
+
+    def collect_blobs(self, job: str, node: str, *, grace_seconds: float, now: float | None = None) -> list[str]:
+        """Delete the blobs of a node's pool that no committed copy references and that were written
+        more than `grace_seconds` ago (what a crash or a kill left behind); returns their locations."""
+        older_than = (time.time() if now is None else now) - grace_seconds
+        return [
+            f"{self.url}/{k}" for k in blobs.collect(self._storage, job, node, self._manifests, older_than=older_than)
+        ]
+
+    def _manifests(self, job: str, node: str) -> list[Manifest]:
+        """The node's committed copies here, oldest first."""
+        return [info.manifest for info in self.list_checkpoints(job, node) if info.manifest is not None]
 
     def copy_from(self, source: Store, key: CopyKey, *, verify: Literal["full", "sizes"] = "full") -> CheckpointRef:
         """Copy the committed copy `key` of `source` here byte for byte.
@@ -307,7 +334,11 @@ class Store:
         target = key.on(self.tier)
         location = self.location(target)
         if self._storage.size(f"{target.relpath}/{MANIFEST_NAME}") is None:
-            copy_checkpoint(source._storage, self._storage, target.relpath, manifest, concurrency=self.concurrency)
+            held = blobs.referenced(self._newest.base(self._storage, key.job, key.node, self._manifests))
+            copy_checkpoint(
+                source._storage, self._storage, target.relpath, manifest, concurrency=self.concurrency, held=held
+            )
+            self._newest.remember(manifest)
         elif self.manifest(target) != manifest:
             raise CommitConflictError(f"{location} is already committed with other content")
         problems = self._arrival_problems(target, manifest, full=verify == "full")
@@ -320,12 +351,7 @@ class Store:
             return [p.detail for p in self.verify_copy(key).problems]
         if self.manifest(key) != manifest:
             return ["its manifest reads back different"]
-        sizes = {s.file: self._storage.size(f"{key.relpath}/{s.file}") for s in manifest.shards}
-        return [
-            f"shard {s.file} has {sizes[s.file]} of {s.bytes} bytes"
-            for s in manifest.shards
-            if sizes[s.file] != s.bytes
-        ]
+        return [p.detail for p in size_problems(self._storage, key.relpath, manifest)]
 
     def _committed(self, job: str, node: str, position: Position, attempt: str | None) -> Iterator[Manifest]:
         return listing.committed_manifests(self._storage, job, node, position, attempt)
@@ -337,16 +363,6 @@ class Store:
         if not found:
             raise CheckpointNotFoundError(f"nothing stored for {job}/{node} {position} under {self.url}")
         return found
-
-    def _refuse_foreign(self, key: CopyKey) -> None:
-        """Refuse to delete a prefix that leads outside the root (a symbolic link on the way) or whose
-        manifest names another job, node, position or attempt: it is not this checkpoint's to delete."""
-        location = self.location(key)
-        if self._storage.escapes(key.relpath):
-            raise InvalidNameError(f"refusing to delete {location}: it leads outside {self.url} (a symbolic link)")
-        owner = listing.manifest_owner(self._storage, key.relpath)
-        if owner is not None and not owner.is_copy_of(key):
-            raise InvalidNameError(f"refusing to delete {location}: its manifest belongs to another checkpoint")
 
     # -- listing -------------------------------------------------------------------------------
 

@@ -19,7 +19,7 @@ from ckptstore.manifest import Manifest, ShardRecord, TensorRecord
 from ckptstore.shard import numpy_dtype
 from ckptstore.storage import Storage
 
-__all__ = ["Problem", "shard_problem", "scan_shards", "raise_first", "read_verified", "as_array"]
+__all__ = ["Problem", "shard_problem", "scan_shards", "size_problems", "raise_first", "read_verified", "as_array"]
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,7 @@ def scan_shards(
     Returns (problems, the shards' bytes by file name when `keep` and none failed, bytes read).
     Raises StorageUnavailableError when storage cannot be read now.
     """
-    shards = {f"{key}/{shard.file}": shard for shard in manifest.shards}
+    shards = {shard.key(key): shard for shard in manifest.shards}
 
     def check(relpath: str, blob: Buffer) -> Buffer:
         problem = shard_problem(shards[relpath], blob, manifest)
@@ -96,6 +96,20 @@ def scan_shards(
             read += shard.bytes
             blobs[shard.file] = result
     return problems, (blobs if keep and not problems else {}), read
+
+
+def size_problems(storage: Storage, key: str, manifest: Manifest) -> list[Problem]:
+    """Shards of the checkpoint at `key` whose stored size is not the manifest's (nothing is read)."""
+    problems = []
+    for shard in manifest.shards:
+        size = storage.size(shard.key(key))
+        if size is None:
+            problems.append(Problem("missing_shard", shard.file, f"shard {shard.file} is missing"))
+        elif size != shard.bytes:
+            problems.append(
+                Problem("size_mismatch", shard.file, f"shard {shard.file} has {size} of {shard.bytes} bytes")
+            )
+    return problems
 
 
 def raise_first(problems: Sequence[Problem], location: str) -> None:
@@ -135,12 +149,13 @@ def _read_named(
             raise CheckpointNotFoundError(f"tensor {name!r} is not in {location}")
         wanted.append(record)
     files = [manifest.shards[t.shard].file for t in wanted]
+    keys = [manifest.shards[t.shard].key(key) for t in wanted]
     # Empty tensors need no read (an empty range request returns the whole object on S3).
     ranged = [i for i, t in enumerate(wanted) if t.nbytes]
     parts: list[bytes] = [b""] * len(wanted)
     try:
         fetched = storage.read_ranges(
-            [f"{key}/{files[i]}" for i in ranged],
+            [keys[i] for i in ranged],
             [wanted[i].begin for i in ranged],
             [wanted[i].end for i in ranged],
         )

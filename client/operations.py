@@ -120,7 +120,8 @@ def apply_retention(
     client: ServiceClient, job: str, *, dry_run: bool = False, now: float | None = None
 ) -> list[PlannedDeletion]:
     """Execute the service's retention plan for every node, then remove what only storage knows of:
-    uncommitted leftovers and superseded attempts older than the job's grace period."""
+    uncommitted leftovers, superseded attempts and blobs no copy references, older than the job's
+    grace period."""
     info = client.get_job(job)
     store = Store(info.storage_root)
     now = time.time() if now is None else now
@@ -149,6 +150,8 @@ def apply_retention(
                 client.mark(d.key(job), "deleted", cause="gc", reason=f"gc: {d.reason}")
             except CheckpointNotFoundError:
                 pass  # a leftover only storage knew of
+        for node in info.nodes:
+            store.collect_blobs(job, node, grace_seconds=policy.grace_seconds, now=now)
     return deletions
 
 

@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 from ckptstore import CopyKey, Position, Store
-from ckptstore.layout import MANIFEST_NAME
 from client.cli import main
 from client.service import ServiceClient
 from tests.conftest import service_settings
@@ -55,8 +54,8 @@ def local_job(sqlite_service, job_name):
 
 
 def shard_path(root: str, job: str, node: str, epoch: int, attempt: str = "1") -> str:
-    directory = Store(root).location(CopyKey(job, node, Position(epoch), attempt))
-    return os.path.join(directory, next(f for f in os.listdir(directory) if f != MANIFEST_NAME))
+    store, key = Store(root), CopyKey(job, node, Position(epoch), attempt)
+    return store._storage.path(store.manifest(key).shards[0].key(key.relpath))
 
 
 def test_jobs_epochs_and_last_good_in_text_and_json(capsys, local_job):

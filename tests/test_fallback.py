@@ -25,7 +25,7 @@ DAMAGE = ("flip", "truncate", "delete-shard", "delete-copy")
 def damage(store: Store, job: str, node: str, position: Position, attempt: str, how: str) -> None:
     """Damage one copy on storage the way a disk, a person or a script would."""
     fs, key = store._storage.fs, checkpoint_key(job, node, position, attempt)
-    shard = store._storage.path(f"{key}/tensors-00000.safetensors")
+    shard = store._storage.path(store.manifest(store.key(job, node, position, attempt)).shards[0].key(key))
     if how == "delete-copy":
         fs.rm(store._storage.path(key), recursive=True)
     elif how == "delete-shard":

@@ -55,7 +55,17 @@ HOSTILE = {
     "bool as epoch": lambda b: {**b, "epoch": True},
     "string epoch": lambda b: {**b, "epoch": "0"},
     "unknown field": lambda b: {**b, "extra": 1},
-    "future format": lambda b: {**b, "format_version": 2},
+    "future format": lambda b: {**b, "format_version": 3},
+    "format 1 naming a blob": lambda b: {**b, "format_version": 1},
+    "blob id not its key's": lambda b: {**b, "shards": [{**b["shards"][0], "blob": "0" * 32}]},
+    "blob key out of the pools": lambda b: {
+        **b,
+        "shards": [{**b["shards"][0], "file": f"../n/.blobs/{b['shards'][0]['blob']}.safetensors"}],
+    },
+    "blob key in a dot-dot job": lambda b: {
+        **b,
+        "shards": [{**b["shards"][0], "file": f"a..b/n/.blobs/{b['shards'][0]['blob']}.safetensors"}],
+    },
     "traversal job": lambda b: {**b, "job": "../x"},
 }
 

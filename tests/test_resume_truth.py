@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 import uuid
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -200,9 +201,8 @@ def test_a_node_added_after_a_good_position_is_not_waited_for_when_resuming_from
 def test_copy_of_a_job_skips_a_bad_copy_and_copies_the_newer_intact_ones(tmp_path):
     source, target = str(tmp_path / "source"), str(tmp_path / "target")
     store = Store(source)
-    for epoch in range(3):
-        store.save("job", "n0", epoch, {"w": [float(epoch)]}, attempt="1")
-    shard = next((tmp_path / "source/job/n0/0000000000/1").glob("tensors-*"))
+    refs = [store.save("job", "n0", epoch, {"w": [float(epoch)]}, attempt="1") for epoch in range(3)]
+    shard = Path(refs[0].shard_locations[0])
     shard.write_bytes(shard.read_bytes()[:-2] + b"xx")
     result = cli("copy", f"{source}/job", target)
     assert result.returncode == 1 and "NOT COPIED" in result.stdout and "2 checkpoints copied" in result.stdout

@@ -207,8 +207,8 @@ def test_a_corrupt_dcp_shard_is_never_loaded_and_the_next_load_falls_back(tmp_pa
     ranks(tmp_path, 2, "save", *common, "--epoch", "1", module="tests.dcp_job")
     store = Store(storage)
     (copy,) = store.copies(job, "node-1", Position(1))
-    attempt = copy.attempt
-    shard = next(iter(sorted(Path(storage, job, "node-1").glob(f"0000000001/{attempt}/*.safetensors"))))
+    manifest = store.manifest(copy)
+    shard = Path(store._storage.path(manifest.shards[-1].key(copy.relpath)))
     data = bytearray(shard.read_bytes())
     data[-3] ^= 0x10  # a byte inside the last tensor's data
     shard.write_bytes(bytes(data))

@@ -1,0 +1,188 @@
+"""Content-addressed blobs: what a save can take unchanged from an earlier copy, the ids of what it
+writes, and which blobs of a node's pool no copy needs any more.
+
+A tensor's content id is XXH3-128 of its bytes (16 GiB/s a core here); a blob's id is XXH3-128 of
+its safetensors header followed by the content ids of its tensors in file order, so two blobs with
+the same bytes have the same id. A save compares each tensor with its base copies' records (the
+node's newest copy on the same root, and a fork's parent): first a probe — XXH3-64 of 16 windows of
+256 bytes spread over the tensor, which tells a tensor an optimizer touched from its old self at no
+cost — then, only where the probe matches, the full hash. A tensor whose hash matches is not written:
+the new manifest points into the base's blob. Version counters and `requires_grad` are not trusted
+instead of the hash (`tensor.data.add_()` changes a tensor without counting).
+
+Collection (invariant): a blob is deleted only when no committed manifest of its node references it,
+and only if a copy that referenced it was deleted in the same call or it is older than the grace
+period (a crash's leftover); a node's saves and its collections in one process take turns on the
+pool's lock, so a blob written for a manifest not yet published is never collected in between.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+import xxhash
+
+from ckptstore.layout import BLOB_TEMP_PREFIX, MANIFEST_NAME, blob_pool, parse_blob_key
+from ckptstore.manifest import Manifest, ShardRecord, TensorRecord
+from ckptstore.position import Position
+from ckptstore.shard import dtype_code, tensor_view
+from ckptstore.storage import Storage
+
+__all__ = [
+    "tensor_hash",
+    "tensor_probe",
+    "blob_id",
+    "Examined",
+    "examine",
+    "NewestCopies",
+    "pool_lock",
+    "referenced",
+    "collect",
+]
+
+Committed = Callable[[str, str], list[Manifest]]  # (job, node) → the node's committed manifests
+_WINDOWS = 16
+_WINDOW_BYTES = 256
+_locks: dict[tuple[str, str, str], threading.Lock] = {}
+_locks_guard = threading.Lock()
+
+
+def tensor_hash(array: np.ndarray) -> str:
+    """The content id of a tensor's bytes (XXH3-128, hex)."""
+    return xxhash.xxh3_128_hexdigest(tensor_view(array))
+
+
+def tensor_probe(array: np.ndarray) -> str:
+    """XXH3-64 of the tensor's size and 16 evenly spread windows of its bytes: differs for almost any
+    tensor a training step changed; equal probes still need equal hashes to count as unchanged."""
+    view = tensor_view(array)
+    size = len(view)
+    hasher = xxhash.xxh3_64(size.to_bytes(8, "little"))
+    if size <= _WINDOWS * _WINDOW_BYTES:
+        hasher.update(view)
+    else:
+        stride = (size - _WINDOW_BYTES) // (_WINDOWS - 1)
+        for index in range(_WINDOWS):
+            hasher.update(view[index * stride : index * stride + _WINDOW_BYTES])
+    return hasher.hexdigest()
+
+
+def blob_id(header: bytes, hashes: Iterable[str]) -> str:
+    """A blob's id from its header and its tensors' content ids, in file order."""
+    hasher = xxhash.xxh3_128(header)
+    for value in hashes:
+        hasher.update(bytes.fromhex(value))
+    return hasher.hexdigest()
+
+
+@dataclass
+class Examined:
+    """A save's tensors against its bases: those unchanged (with the record and shard to reuse), and
+    the probes and hashes computed on the way (a changed tensor's hash is computed when it is written)."""
+
+    unchanged: dict[str, tuple[TensorRecord, ShardRecord]] = field(default_factory=dict)
+    probes: dict[str, str] = field(default_factory=dict)
+    hashes: dict[str, str] = field(default_factory=dict)
+
+    def hash_of(self, name: str, array: np.ndarray) -> str:
+        if name not in self.hashes:
+            self.hashes[name] = tensor_hash(array)
+        return self.hashes[name]
+
+
+def examine(arrays: Mapping[str, np.ndarray], bases: Sequence[Manifest], *, concurrency: int) -> Examined:
+    """Which tensors equal, byte for byte, a tensor of the same name, dtype and shape in a base copy."""
+    examined = Examined()
+    candidates: dict[str, tuple[TensorRecord, ShardRecord]] = {}
+    for name, array in arrays.items():
+        for base in bases:
+            record = base.tensor(name)
+            if (
+                record is not None
+                and record.hash is not None
+                and record.dtype == dtype_code(array.dtype)
+                and record.shape == array.shape
+            ):
+                candidates[name] = (record, base.shards[record.shard])
+                break
+    for name in candidates:
+        examined.probes[name] = tensor_probe(arrays[name])
+    matching = [name for name, (record, _) in candidates.items() if record.probe == examined.probes[name]]
+    with ThreadPoolExecutor(max_workers=max(1, min(concurrency, len(matching)))) as pool:
+        for name, digest in zip(matching, pool.map(lambda n: tensor_hash(arrays[n]), matching)):
+            examined.hashes[name] = digest
+            if digest == candidates[name][0].hash:
+                examined.unchanged[name] = candidates[name]
+    return examined
+
+
+class NewestCopies:
+    """Per node, the newest committed copy a store wrote or copied: the base its next save compares
+    with, so a save does not list storage to find it (unless its manifest is gone since)."""
+
+    def __init__(self) -> None:
+        self._known: dict[tuple[str, str], Manifest] = {}
+
+    def remember(self, manifest: Manifest) -> None:
+        node = (manifest.job, manifest.node)
+        known = self._known.get(node)
+        if known is None or _order(known) <= _order(manifest):
+            self._known[node] = manifest
+
+    def base(self, storage: Storage, job: str, node: str, committed: Committed) -> list[Manifest]:
+        """The node's newest committed copy (`committed(job, node)`: all of them, oldest first), or []."""
+        known = self._known.get((job, node))
+        if known is not None and storage.size(f"{known.key().relpath}/{MANIFEST_NAME}") is not None:
+            return [known]
+        found = committed(job, node)
+        if found:
+            self.remember(found[-1])
+        return found[-1:]
+
+
+def _order(manifest: Manifest) -> tuple[Position, tuple[int, str]]:
+    return manifest.position, manifest.key().attempt_order
+
+
+def pool_lock(storage: Storage, job: str, node: str) -> threading.Lock:
+    """The lock a node's saves and collections take turns on, in this process."""
+    key = (storage.root, job, node)
+    with _locks_guard:
+        return _locks.setdefault(key, threading.Lock())
+
+
+def referenced(manifests: Iterable[Manifest]) -> set[str]:
+    """The keys of every blob the manifests point into."""
+    return {shard.file for manifest in manifests for shard in manifest.shards if shard.blob is not None}
+
+
+def collect(
+    storage: Storage,
+    job: str,
+    node: str,
+    committed: Committed,
+    *,
+    released: Collection[str] = (),
+    older_than: float,
+) -> list[str]:
+    """Delete the blobs of a node's pool that no committed copy of the node references (`committed(job,
+    node)`: their manifests) and that either a deleted copy released or were last written before
+    `older_than`; and temporary files of writes that died before `older_than`. Returns the deleted keys."""
+    pool = blob_pool(job, node)
+    deleted = []
+    with pool_lock(storage, job, node):
+        live = referenced(committed(job, node))
+        for stored in storage.find(pool):
+            key = f"{pool}/{stored.relpath}"
+            old = stored.mtime is not None and stored.mtime < older_than
+            if stored.relpath.startswith(BLOB_TEMP_PREFIX):
+                doomed = old
+            else:
+                doomed = parse_blob_key(key) is not None and key not in live and (key in released or old)
+            if doomed and storage.remove_file(key):
+                deleted.append(key)
+    return deleted

@@ -10,7 +10,8 @@ cost — then, only where the probe matches, the full hash. A tensor whose hash 
 the new manifest points into the base's blob. Version counters and `requires_grad` are not trusted
 instead of the hash (`tensor.data.add_()` changes a tensor without counting).
 
-Collection (invariant): a blob is deleted only when no committed manifest of its node references it,
+Collection (invariant): a blob is deleted only when no committed manifest of its node — or of a node
+that marked the pool as one it points into (a fork: `mark_foreign_pools`) — references it,
 and only if a copy that referenced it was deleted in the same call or it is older than the grace
 period (a crash's leftover); a node's saves and its collections in one process take turns on the
 pool's lock, so a blob written for a manifest not yet published is never collected in between.
@@ -26,7 +27,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import xxhash
 
-from ckptstore.layout import BLOB_TEMP_PREFIX, MANIFEST_NAME, blob_pool, parse_blob_key
+from ckptstore.layout import (
+    BLOB_TEMP_PREFIX,
+    MANIFEST_NAME,
+    blob_pool,
+    parse_blob_key,
+    parse_pool_reference,
+    pool_reference,
+)
 from ckptstore.manifest import Manifest, ShardRecord, TensorRecord
 from ckptstore.position import Position
 from ckptstore.shard import dtype_code, tensor_view
@@ -38,8 +46,9 @@ __all__ = [
     "blob_id",
     "Examined",
     "examine",
-    "NewestCopies",
+    "Bases",
     "pool_lock",
+    "mark_foreign_pools",
     "referenced",
     "collect",
 ]
@@ -94,8 +103,11 @@ class Examined:
         return self.hashes[name]
 
 
-def examine(arrays: Mapping[str, np.ndarray], bases: Sequence[Manifest], *, concurrency: int) -> Examined:
-    """Which tensors equal, byte for byte, a tensor of the same name, dtype and shape in a base copy."""
+def examine(
+    arrays: Mapping[str, np.ndarray], bases: Sequence[Manifest], *, damaged: Collection[str], concurrency: int
+) -> Examined:
+    """Which tensors equal, byte for byte, a tensor of the same name, dtype and shape in a base copy
+    (in a blob not known to be `damaged`)."""
     examined = Examined()
     candidates: dict[str, tuple[TensorRecord, ShardRecord]] = {}
     for name, array in arrays.items():
@@ -106,6 +118,7 @@ def examine(arrays: Mapping[str, np.ndarray], bases: Sequence[Manifest], *, conc
                 and record.hash is not None
                 and record.dtype == dtype_code(array.dtype)
                 and record.shape == array.shape
+                and base.shards[record.shard].file not in damaged
             ):
                 candidates[name] = (record, base.shards[record.shard])
                 break
@@ -120,12 +133,24 @@ def examine(arrays: Mapping[str, np.ndarray], bases: Sequence[Manifest], *, conc
     return examined
 
 
-class NewestCopies:
-    """Per node, the newest committed copy a store wrote or copied: the base its next save compares
-    with, so a save does not list storage to find it (unless its manifest is gone since)."""
+class Bases:
+    """What a store's next saves may point at: per node, the newest committed copy it wrote or copied
+    (so a save does not list storage to find it, unless its manifest is gone since) — but no blob a
+    read in this process found damaged: a save rewrites those tensors, and since the blob's name is
+    its content, the rewrite heals every copy that uses it."""
 
     def __init__(self) -> None:
         self._known: dict[tuple[str, str], Manifest] = {}
+        self.damaged: set[str] = set()
+
+    def mark_damaged(self, file: str | None) -> None:
+        if file is not None and parse_blob_key(file) is not None:
+            self.damaged.add(file)
+
+    def wrote(self, manifest: Manifest) -> None:
+        """A copy was written or copied here: each of its blobs is whole now (a damaged one rewritten)."""
+        self.damaged.difference_update(shard.file for shard in manifest.shards)
+        self.remember(manifest)
 
     def remember(self, manifest: Manifest) -> None:
         node = (manifest.job, manifest.node)
@@ -155,6 +180,18 @@ def pool_lock(storage: Storage, job: str, node: str) -> threading.Lock:
         return _locks.setdefault(key, threading.Lock())
 
 
+def mark_foreign_pools(storage: Storage, manifest: Manifest) -> None:
+    """Before a manifest that points into another node's pool (a fork's parent) is published, leave a
+    marker there, so that pool's collections count this node's copies as users of its blobs."""
+    for shard in manifest.shards:
+        owner = parse_blob_key(shard.file)
+        if owner is not None and owner[:2] != (manifest.job, manifest.node):
+            marker = pool_reference(owner[0], owner[1], manifest.job, manifest.node)
+            if storage.size(marker) is None:
+                storage.make_prefix(marker.rsplit("/", 1)[0])
+                storage.publish_object(marker, b"")
+
+
 def referenced(manifests: Iterable[Manifest]) -> set[str]:
     """The keys of every blob the manifests point into."""
     return {shard.file for manifest in manifests for shard in manifest.shards if shard.blob is not None}
@@ -175,10 +212,14 @@ def collect(
     pool = blob_pool(job, node)
     deleted = []
     with pool_lock(storage, job, node):
-        live = referenced(committed(job, node))
-        for stored in storage.find(pool):
+        stored_files = storage.find(pool)
+        users = {(job, node)} | {user for f in stored_files if (user := parse_pool_reference(f.relpath)) is not None}
+        live = referenced(manifest for user in sorted(users) for manifest in committed(*user))
+        for stored in stored_files:
             key = f"{pool}/{stored.relpath}"
             old = stored.mtime is not None and stored.mtime < older_than
+            if parse_pool_reference(stored.relpath) is not None:
+                continue
             if stored.relpath.startswith(BLOB_TEMP_PREFIX):
                 doomed = old
             else:

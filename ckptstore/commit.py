@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from ckptstore.blobs import Examined, blob_id, examine, pool_lock, referenced, tensor_probe
+from ckptstore.blobs import Examined, blob_id, examine, mark_foreign_pools, pool_lock, referenced, tensor_probe
 from ckptstore.copykey import CopyKey
 from ckptstore.crc import checksum, format_crc
 from ckptstore.errors import CorruptCheckpointError
@@ -49,20 +49,23 @@ def commit_checkpoint(
     shard_size: int,
     concurrency: int,
     bases: Sequence[Manifest] = (),
+    damaged: Collection[str] = (),
 ) -> Manifest:
-    """Write what of `arrays` the `bases` (committed copies on this storage) do not hold as blobs in
-    the node's pool, make them durable, then publish the copy's manifest."""
+    """Write what of `arrays` the `bases` (committed copies on this storage) do not hold — in blobs not
+    known to be `damaged` — as blobs in the node's pool, make them durable, then publish the manifest."""
     key = copy.relpath
-    examined = examine(arrays, bases, concurrency=concurrency)
+    examined = examine(arrays, bases, damaged=damaged, concurrency=concurrency)
     changed = {name: array for name, array in arrays.items() if name not in examined.unchanged}
     plans = plan_shards(changed, shard_size) if changed or not arrays else []
     storage.make_prefix(key)
     with pool_lock(storage, copy.job, copy.node):
         try:
-            written, crcs = _write_blobs(storage, copy, plans, changed, examined, referenced(bases), concurrency)
+            held = referenced(bases) - set(damaged)
+            written, crcs = _write_blobs(storage, copy, plans, changed, examined, held, concurrency)
             # Blobs and the copy's folder must be durable before the manifest names them.
             storage.sync_directory(key, up_to=_DIRECTORY_LEVELS)
             manifest = _manifest(copy, arrays, examined, plans, written, crcs, step=step, metadata=metadata)
+            mark_foreign_pools(storage, manifest)
             storage.publish_object(f"{key}/{MANIFEST_NAME}", manifest.to_json())
         except BaseException:
             discard_uncommitted(storage, key)
@@ -247,6 +250,7 @@ def copy_checkpoint(
                 target.sync_files([relpath for relpath, shard in zip(written, missing) if shard.blob is None], pool)
                 staged.commit(pool)
             target.sync_directory(key, up_to=_DIRECTORY_LEVELS)
+            mark_foreign_pools(target, manifest)
             target.publish_object(f"{key}/{MANIFEST_NAME}", manifest.to_json())
         except BaseException:
             discard_uncommitted(target, key)

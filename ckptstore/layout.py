@@ -5,6 +5,8 @@
         tensors-00000.safetensors …   shards of a format-1 copy (before content-addressed blobs)
     <root>/<job>/<node>/.blobs/<id>.safetensors
                                       the node's content-addressed shards, shared by its copies
+    <root>/<job>/<node>/.blobs/.refs/<job2>/<node2>
+                                      node2 of job2 (a fork) has copies pointing into this pool
 
 The service and the client both build locations with `checkpoint_location`, so a commit's
 location can be checked by string equality.
@@ -28,6 +30,8 @@ __all__ = [
     "blob_pool",
     "blob_key",
     "parse_blob_key",
+    "pool_reference",
+    "parse_pool_reference",
     "position_dirname",
     "parse_position_dirname",
     "position_key",
@@ -41,6 +45,7 @@ MANIFEST_TEMP_PREFIX = ".MANIFEST.json.tmp-"
 PROBE_DIR = ".ckptstore-probe"
 BLOB_DIR = ".blobs"
 BLOB_TEMP_PREFIX = ".tmp-"
+_REFS = ".refs"
 _SHARD_RE = re.compile(r"tensors-([0-9]{5})\.safetensors\Z")
 _BLOB_RE = re.compile(r"(" + NAME_PATTERN + r")/(" + NAME_PATTERN + r")/\.blobs/([0-9a-f]{32})\.safetensors\Z")
 _POSITION_RE = re.compile(r"([0-9]{10})(?:\.b([0-9]{10}))?\Z")
@@ -70,6 +75,24 @@ def parse_blob_key(key: str) -> tuple[str, str, str] | None:
     if match is None or ".." in match.group(1) or ".." in match.group(2):
         return None
     return match.group(1), match.group(2), match.group(3)
+
+
+def pool_reference(pool_job: str, pool_node: str, job: str, node: str) -> str:
+    """The marker in (pool_job, pool_node)'s pool saying that (job, node) has copies pointing into it."""
+    return (
+        f"{blob_pool(pool_job, pool_node)}/{_REFS}/{validate_name(job, kind='job')}/{validate_name(node, kind='node')}"
+    )
+
+
+def parse_pool_reference(relpath: str) -> tuple[str, str] | None:
+    """(job, node) of a marker's path relative to its pool, or None for anything else."""
+    parts = relpath.split("/")
+    if len(parts) != 3 or parts[0] != _REFS:
+        return None
+    try:
+        return validate_name(parts[1], kind="job"), validate_name(parts[2], kind="node")
+    except ValueError:
+        return None
 
 
 def position_dirname(position: Position) -> str:

@@ -38,6 +38,7 @@ __all__ = [
     "prepare_arrays",
     "plan_shards",
     "iter_shard_chunks",
+    "tensor_view",
 ]
 
 DTYPE_CODES: dict[np.dtype, str] = {

@@ -5,10 +5,9 @@ Every method here is a storage call behind `_boundary`: not-found passes through
 `FileNotFoundError` where "missing" is a valid answer (reads, listings, sizes); every other
 failure of the backend — what `ckptstore.failures` maps, explicitly, class by class — is raised as
 `StorageUnavailableError(...) from exc` carrying its kind (transient, or permanent: denied,
-misconfigured), so callers never guess from exception types or texts. "What exists" is read from filesystems opened with
-`skip_instance_cache=True, use_listings_cache=False`, so another process's new checkpoint is never
-hidden by a cached listing. The order of writes that makes a checkpoint committed is
-`ckptstore.commit`'s.
+misconfigured), so callers never guess from exception types or texts. "What exists" is read
+uncached (`skip_instance_cache=True, use_listings_cache=False`): another process's new checkpoint
+is never hidden. The order of writes that makes a checkpoint committed is `ckptstore.commit`'s.
 """
 
 from __future__ import annotations
@@ -171,8 +170,7 @@ class Storage:
 
     @_boundary(missing_passes=False)
     def rename(self, relpath: str, target: str) -> None:
-        """Move a local file into place atomically, replacing what is there (object stores are
-        written in place instead: a PUT appears whole or not at all)."""
+        """Move a local file into place atomically (object stores are written in place instead)."""
         os.replace(self.path(relpath), self.path(target))
 
     @_boundary(missing_passes=False)
@@ -227,9 +225,7 @@ class Storage:
         transient: bool = False,
     ) -> dict[str, Buffer | Exception]:
         """Several whole objects, fetched concurrently; failures come back as exceptions (translated
-        as every storage call's are), and so do `check`'s raises.
-
-        `check(relpath, blob)` returns what to keep of a blob (the blob, or b"" to drop it at once);
+        as every storage call's are), and so do `check`'s raises. `check(relpath, blob)` returns what to keep of a blob (the blob, or b"" to drop it at once);
         on local disk it runs in the reading thread, overlapping verification with I/O. `transient`:
         `check` keeps nothing, so local files are read through the page cache into one buffer per
         thread, reused (fresh memory costs ~0.6 s per GiB to fault in on this project's VMs, more

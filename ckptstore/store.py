@@ -67,7 +67,7 @@ class Store:
         self.concurrency = concurrency
         self.tier: Tier = tier
         self._storage: Storage = open_storage(self.url, storage_options)
-        self._newest = blobs.NewestCopies()
+        self._bases = blobs.Bases()
 
     def __repr__(self) -> str:
         return f"Store({self.url!r})"
@@ -205,9 +205,10 @@ class Store:
             metadata=metadata,
             shard_size=self.shard_size,
             concurrency=self.concurrency,
-            bases=[*self._newest.base(self._storage, key.job, key.node, self._manifests), *bases],
+            bases=[*self._bases.base(self._storage, key.job, key.node, self._manifests), *bases],
+            damaged=self._bases.damaged,
         )
-        self._newest.remember(manifest)
+        self._bases.wrote(manifest)
         return CheckpointRef.of(self.location(key), manifest, self.tier)
 
     def read(
@@ -230,6 +231,7 @@ class Store:
                     self._storage, key.relpath, manifest, location=location, names=names, concurrency=self.concurrency
                 )
             except CorruptCheckpointError as exc:
+                self._bases.mark_damaged(exc.file)
                 if wanted is not None:
                     raise
                 log.warning("%s; trying an older attempt", exc)
@@ -245,11 +247,8 @@ class Store:
         return [self.key(job, node, position, a) for a in listing.stored_attempts(self._storage, job, node, position)]
 
     def manifest(self, key: CopyKey) -> Manifest:
-        """The copy's manifest, verified against its path.
-
-        Raises CheckpointNotFoundError when the prefix holds no manifest (not committed), and
-        CorruptCheckpointError when its manifest does not parse and verify.
-        """
+        """The copy's manifest, verified against its path: CheckpointNotFoundError when the prefix holds
+        none (not committed), CorruptCheckpointError when it does not parse and verify."""
         location = self.location(key)
         try:
             data = self._storage.read_object(f"{key.relpath}/{MANIFEST_NAME}")
@@ -272,7 +271,11 @@ class Store:
         manifest = self.manifest(key)
         location = self.location(key)
         read = read_deferred if deferred else read_verified
-        arrays = read(self._storage, key.relpath, manifest, location=location, concurrency=self.concurrency)
+        try:
+            arrays = read(self._storage, key.relpath, manifest, location=location, concurrency=self.concurrency)
+        except CorruptCheckpointError as exc:
+            self._bases.mark_damaged(exc.file)
+            raise
         return LoadedCheckpoint(arrays, manifest, location)
 
     def verify_copy(self, key: CopyKey) -> VerifyReport:
@@ -286,6 +289,8 @@ class Store:
             problem = Problem("unreadable_manifest", MANIFEST_NAME, "no manifest that parses and verifies")
             return VerifyReport(key, location, committed=False, problems=(problem,))
         problems, _, checked = scan_shards(self._storage, key.relpath, manifest, concurrency=self.concurrency)
+        for problem in problems:
+            self._bases.mark_damaged(problem.file)
         return VerifyReport(key, location, committed=True, problems=tuple(problems), bytes_checked=checked)
 
     def delete_copy(self, key: CopyKey) -> str:
@@ -317,8 +322,7 @@ class Store:
             f"{self.url}/{k}" for k in blobs.collect(self._storage, job, node, self._manifests, older_than=older_than)
         ]
 
-    def _manifests(self, job: str, node: str) -> list[Manifest]:
-        """The node's committed copies here, oldest first."""
+    def _manifests(self, job: str, node: str) -> list[Manifest]:  # the node's committed copies, oldest first
         return [info.manifest for info in self.list_checkpoints(job, node) if info.manifest is not None]
 
     def copy_from(self, source: Store, key: CopyKey, *, verify: Literal["full", "sizes"] = "full") -> CheckpointRef:
@@ -334,11 +338,12 @@ class Store:
         target = key.on(self.tier)
         location = self.location(target)
         if self._storage.size(f"{target.relpath}/{MANIFEST_NAME}") is None:
-            held = blobs.referenced(self._newest.base(self._storage, key.job, key.node, self._manifests))
+            held = blobs.referenced(self._bases.base(self._storage, key.job, key.node, self._manifests))
+            held -= self._bases.damaged
             copy_checkpoint(
                 source._storage, self._storage, target.relpath, manifest, concurrency=self.concurrency, held=held
             )
-            self._newest.remember(manifest)
+            self._bases.wrote(manifest)
         elif self.manifest(target) != manifest:
             raise CommitConflictError(f"{location} is already committed with other content")
         problems = self._arrival_problems(target, manifest, full=verify == "full")

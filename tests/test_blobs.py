@@ -1,0 +1,128 @@
+"""Content-addressed blobs: bytes paid once across saves, attempts and forks; collection by reference;
+a damaged shared blob found in every copy that uses it; blobs readable without ckptstore."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import safetensors.numpy
+
+from ckptstore import Position, Store
+from ckptstore.errors import CorruptCheckpointError
+from tests.builders import assert_bit_equal
+
+FROZEN_TENSORS, FROZEN_SIZE = 16, 64 << 10  # 16 × 256 KiB of float32
+TRAINED_TENSORS, TRAINED_SIZE = 4, 1 << 10  # 4 × 4 KiB
+
+
+def lora_state(step: int) -> dict[str, np.ndarray]:
+    """A frozen base (the same at every step) and small adapters that change at every step."""
+    base = np.random.default_rng(0)
+    state = {f"base.{i}.weight": base.standard_normal(FROZEN_SIZE, dtype=np.float32) for i in range(FROZEN_TENSORS)}
+    trained = np.random.default_rng(1000 + step)
+    for i in range(TRAINED_TENSORS):
+        state[f"lora.{i}.A"] = trained.standard_normal(TRAINED_SIZE, dtype=np.float32)
+    return state
+
+
+def pool_bytes(root: str, job: str, node: str) -> int:
+    pool = os.path.join(root, job, node, ".blobs")
+    return sum(os.path.getsize(os.path.join(pool, f)) for f in os.listdir(pool) if f.endswith(".safetensors"))
+
+
+def blob_files(root: str, job: str, node: str) -> set[str]:
+    pool = os.path.join(root, job, node, ".blobs")
+    return {f for f in os.listdir(pool) if f.endswith(".safetensors")}
+
+
+FROZEN_BYTES = FROZEN_TENSORS * FROZEN_SIZE * 4
+TRAINED_BYTES = TRAINED_TENSORS * TRAINED_SIZE * 4
+
+
+def test_ten_saves_of_a_frozen_base_write_it_once(tmp_path):
+    store = Store(str(tmp_path), shard_size=1 << 20)
+    for step in range(10):
+        store.save("lora", "n0", step, lora_state(step), attempt=1)
+    # The base once, plus each save's adapters and shard headers (a few KiB): ≤ 1.02 × (base + 10 adapters).
+    assert pool_bytes(str(tmp_path), "lora", "n0") <= 1.02 * (FROZEN_BYTES + 10 * TRAINED_BYTES)
+    for step in (0, 5, 9):
+        assert_bit_equal(Store(str(tmp_path)).load("lora", "n0", step), lora_state(step))
+
+
+def test_a_new_attempt_in_a_new_process_compares_with_the_copies_on_storage(tmp_path):
+    Store(str(tmp_path)).save("lora", "n0", 0, lora_state(0), attempt=1)
+    before = pool_bytes(str(tmp_path), "lora", "n0")
+    restarted = Store(str(tmp_path))  # knows nothing of the first save but what storage holds
+    ref = restarted.save("lora", "n0", 1, lora_state(1), attempt=2)
+    assert pool_bytes(str(tmp_path), "lora", "n0") - before <= TRAINED_BYTES + 4096
+    assert ref.key.attempt == "2"
+    assert_bit_equal(Store(str(tmp_path)).load("lora", "n0", 1), lora_state(1))
+
+
+def test_a_fork_first_save_writes_only_what_changed_and_survives_the_parents_retention(tmp_path):
+    root = str(tmp_path)
+    parent = Store(root)
+    for step in range(3):
+        parent.save("base-run", "n0", step, lora_state(step), attempt=1)
+    fork_point = parent.manifest(parent.key("base-run", "n0", Position(1), "1"))
+    child = Store(root)
+    child_state = lora_state(100)
+    child.write(child.key("lr-sweep", "n0", Position(0), "1"), child_state, bases=[fork_point])
+    assert pool_bytes(root, "lr-sweep", "n0") <= 0.01 * (FROZEN_BYTES + TRAINED_BYTES) + 4096
+    # The parent deletes every copy it has, the fork point included: the child's copy still restores.
+    for step in range(3):
+        parent.delete("base-run", "n0", step)
+    parent.collect_blobs("base-run", "n0", grace_seconds=0)
+    assert_bit_equal(Store(root).load("lr-sweep", "n0", 0), child_state)
+    assert Store(root).verify("lr-sweep", "n0", 0).ok
+    # Once the child is gone too, the parent's pool is collected to nothing.
+    child.delete("lr-sweep", "n0", 0)
+    parent.collect_blobs("base-run", "n0", grace_seconds=0)
+    assert blob_files(root, "base-run", "n0") == set()
+
+
+def test_deleting_a_copy_collects_only_the_blobs_no_other_copy_uses(tmp_path):
+    root = str(tmp_path)
+    store = Store(root, shard_size=1 << 20)
+    refs = [store.save("lora", "n0", step, lora_state(step), attempt=1) for step in range(3)]
+    shared = {s.file for s in refs[0].manifest.shards} & {s.file for s in refs[2].manifest.shards}
+    assert shared, "the frozen base's blobs are shared by every copy"
+    store.delete("lora", "n0", 0)
+    left = {f"lora/n0/.blobs/{name}" for name in blob_files(root, "lora", "n0")}
+    assert shared <= left
+    assert left == {s.file for ref in refs[1:] for s in ref.manifest.shards}
+    for step in (1, 2):
+        assert_bit_equal(store.load("lora", "n0", step), lora_state(step))
+
+
+def test_a_damaged_shared_blob_fails_every_copy_that_uses_it_until_the_next_save_rewrites_it(tmp_path):
+    root = str(tmp_path)
+    store = Store(root, shard_size=1 << 20)
+    first = store.save("lora", "n0", 0, lora_state(0), attempt=1)
+    second = store.save("lora", "n0", 1, lora_state(1), attempt=1)
+    frozen = next(s for s in second.manifest.shards if s.file in {f.file for f in first.manifest.shards})
+    path = os.path.join(root, frozen.file)
+    data = bytearray(open(path, "rb").read())
+    data[-5] ^= 0x01
+    with open(path, "wb") as handle:
+        handle.write(bytes(data))
+    restarted = Store(root)  # a new process, which restores first
+    for step in (1, 0):
+        with pytest.raises(CorruptCheckpointError, match=frozen.file):
+            restarted.load("lora", "n0", step)
+        report = Store(root).verify("lora", "n0", step)
+        assert [(p.kind, p.file) for p in report.problems] == [("checksum_mismatch", frozen.file)]
+    # Its next save does not point at the damaged blob: it writes those tensors again.
+    ref = restarted.save("lora", "n0", 2, lora_state(2), attempt=2)
+    assert frozen.file not in {s.file for s in ref.manifest.shards}
+    assert_bit_equal(Store(root).load("lora", "n0", 2), lora_state(2))
+
+
+def test_blobs_are_plain_safetensors_files(tmp_path):
+    ref = Store(str(tmp_path), shard_size=1 << 20).save("lora", "n0", 0, lora_state(0), attempt=1)
+    loaded: dict[str, np.ndarray] = {}
+    for location in ref.shard_locations:
+        loaded |= safetensors.numpy.load_file(location)
+    assert_bit_equal(loaded, lora_state(0))

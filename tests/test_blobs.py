@@ -3,7 +3,10 @@ a damaged shared blob found in every copy that uses it; blobs readable without c
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -126,3 +129,19 @@ def test_blobs_are_plain_safetensors_files(tmp_path):
     for location in ref.shard_locations:
         loaded |= safetensors.numpy.load_file(location)
     assert_bit_equal(loaded, lora_state(0))
+
+
+def test_a_kill_at_200_random_instants_of_retention_never_loses_a_referenced_blob(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "tests.retention_kill_driver", str(tmp_path), "200", "30"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+    )
+    summary = json.loads(result.stdout)
+    assert summary["killed"] == 200
+    assert summary["calls_per_retention"] >= 6, "the retention deletes copies and blobs: several instants to hit"
+    lost = {k: summary[k] for k in ("referenced_blobs_lost", "kept_positions_lost", "bad_loads")}
+    assert lost == {"referenced_blobs_lost": 0, "kept_positions_lost": 0, "bad_loads": 0}
+    assert summary["garbage_left_after_rerun"] == 0, "the next run collects what a kill left"

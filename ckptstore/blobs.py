@@ -143,14 +143,20 @@ class Bases:
         self._known: dict[tuple[str, str], Manifest] = {}
         self.damaged: set[str] = set()
 
-    def mark_damaged(self, file: str | None) -> None:
-        if file is not None and parse_blob_key(file) is not None:
-            self.damaged.add(file)
+    def mark_damaged(self, *files: str | None) -> None:
+        self.damaged.update(f for f in files if f is not None and parse_blob_key(f) is not None)
 
     def wrote(self, manifest: Manifest) -> None:
         """A copy was written or copied here: each of its blobs is whole now (a damaged one rewritten)."""
         self.damaged.difference_update(shard.file for shard in manifest.shards)
+        known = self._known.get((manifest.job, manifest.node))
+        if known is not None and (known.job, known.node) != (manifest.job, manifest.node):
+            del self._known[(manifest.job, manifest.node)]  # a fork's parent gives way to the fork's own copy
         self.remember(manifest)
+
+    def adopt(self, job: str, node: str, manifest: Manifest) -> None:
+        """`manifest` (a fork's parent) is the base of (job, node) until it has a copy of its own."""
+        self._known.setdefault((job, node), manifest)
 
     def remember(self, manifest: Manifest) -> None:
         node = (manifest.job, manifest.node)

@@ -22,8 +22,10 @@ __all__ = [
     "Count",
     "PositionBody",
     "RetentionSpec",
+    "ForkPoint",
     "JobSpec",
     "JobInfo",
+    "Lineage",
     "AttemptRequest",
     "AttemptInfo",
     "ResumeAudit",
@@ -108,8 +110,23 @@ class RetentionSpec(RequestModel):
         return RetentionPolicy(**self.model_dump())
 
 
+class ForkPoint(RequestModel):
+    """A checkpoint a job was forked from: its job and position."""
+
+    job: Name
+    position: PositionBody
+
+    def __str__(self) -> str:
+        """As `fork_from=` takes it: `job@epoch` or `job@epoch.bBATCH`."""
+        batch = "" if self.position.batch is None else f".b{self.position.batch}"
+        return f"{self.job}@{self.position.epoch}{batch}"
+
+
 class JobSpec(RequestModel):
     nodes: list[Name] = Field(min_length=1, max_length=MAX_NODES)
+    parent: ForkPoint | None = Field(
+        default=None, description="the checkpoint this job was forked from (set once; null keeps what is set)"
+    )
     storage_root: str | None = Field(default=None, min_length=1, max_length=1024)
     local_root: str | None = Field(
         default=None, min_length=1, max_length=1024, description="the nodes' local tier (a path on each node)"
@@ -136,6 +153,17 @@ class JobInfo(BaseModel):
     resume: PositionBody | None
     created_at: float
     updated_at: float
+    parent: ForkPoint | None = None
+
+
+class Lineage(BaseModel):
+    """A job's ancestry: the checkpoint it was forked from, that job's own parent and so on (nearest
+    first), and the jobs forked from it (with the position each was forked at)."""
+
+    job: str
+    parent: ForkPoint | None
+    ancestors: list[ForkPoint]
+    children: list[ForkPoint]
 
 
 class AttemptRequest(RequestModel):

@@ -144,11 +144,8 @@ class Store:
         self, job: str, node: str, epoch: int, *, batch: int | None = None, attempt: str | int | None = None
     ) -> VerifyReport:
         """Check every shard's size and checksum of a position's newest committed attempt (or `attempt`);
-        reports problems, never raises for corruption.
-
-        Raises CheckpointNotFoundError only when no attempt of that position exists at all, and
-        StorageUnavailableError when storage cannot be read now.
-        """
+        reports problems, never raises for corruption (CheckpointNotFoundError only when no attempt of
+        the position exists, StorageUnavailableError when storage cannot be read now)."""
         position = Position(epoch, batch)
         stored = self._stored(job, node, position, attempt)
         committed = {m.attempt for m in self._committed(job, node, position, None)}
@@ -289,8 +286,7 @@ class Store:
             problem = Problem("unreadable_manifest", MANIFEST_NAME, "no manifest that parses and verifies")
             return VerifyReport(key, location, committed=False, problems=(problem,))
         problems, _, checked = scan_shards(self._storage, key.relpath, manifest, concurrency=self.concurrency)
-        for problem in problems:
-            self._bases.mark_damaged(problem.file)
+        self._bases.mark_damaged(*(problem.file for problem in problems))
         return VerifyReport(key, location, committed=True, problems=tuple(problems), bytes_checked=checked)
 
     def delete_copy(self, key: CopyKey) -> str:
@@ -313,6 +309,10 @@ class Store:
         if released:
             blobs.collect(self._storage, key.job, key.node, self._manifests, released=released, older_than=-math.inf)
         return self.location(key)
+
+    def fork(self, job: str, node: str, parent: Manifest) -> None:
+        """Take `parent` (a committed copy here, of another job) as the base of `node`'s next save of `job`."""
+        self._bases.adopt(validate_name(job, kind="job"), validate_name(node, kind="node"), parent)
 
     def collect_blobs(self, job: str, node: str, *, grace_seconds: float, now: float | None = None) -> list[str]:
         """Delete the blobs of a node's pool that no committed copy references and that were written

@@ -1,16 +1,12 @@
-"""One node's checkpoints of one job: attempt, restore, save on its tiers, replication, reports to
-the service, retention.
-
-Shared by the Keras callback, the loop managers and the DCP writer and reader. Failure behaviour
-(README, "Failure behaviour"): storage failing → the save is skipped with a warning, a health
+"""One node's checkpoints of one job: attempt, restore (or a fork's start), save on its tiers,
+replication, reports to the service, retention; shared by the Keras callback, the loop managers and
+the DCP writer and reader. Failure behaviour (README, "Failure behaviour"): storage failing → the save is skipped with a warning, a health
 report and a counter, training goes on (unless on_error="raise"); the local tier failing → the save
 goes straight to the durable tier; the durable tier away → local saves go on and replication
 retries with backoff; service away → checkpoints still go to storage, every report to the service
 waits in a background queue (training never waits for it) and is re-posted when it answers, and
 restore finds the newest intact copy on storage; fenced (a newer attempt of this node exists) →
-FencedError, whatever on_error says.
-
-Who calls whom: the node drives the writer, the reports queue, the replicator and the retention
+FencedError, whatever on_error says. Who calls whom: the node drives the writer, the reports queue, the replicator and the retention
 thread; none of them calls back into another (the replicator hands each durable copy back here).
 """
 
@@ -36,6 +32,7 @@ from ckptstore.errors import (
 from ckptstore.names import Tier, new_offline_attempt
 from ckptstore.schema import JobInfo, MarkCause, MarkState, ResumeAudit
 from client.audit import said
+from client.fork import restore_fork
 from client.identity import NodeIdentity, resolve_identity
 from client.options import CheckpointOptions
 from client.replication import Replicator
@@ -173,6 +170,8 @@ class NodeCheckpointer:
                     raise
                 fresh_anyway(self.job, self.node, str(exc))
                 restored = None
+            if restored is None and self.options.parent is not None:
+                restored = restore_fork(self.tiers, self.job, self.node, self.options.parent)
             if restored is not None:
                 nbytes = restored.checkpoint.manifest.total_bytes
                 tracing.set_attributes(

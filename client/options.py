@@ -18,6 +18,8 @@ from typing import Any, Literal
 import httpx
 
 from ckptstore.names import validate_name
+from ckptstore.schema import ForkPoint
+from client.fork import parse_fork_point
 
 __all__ = [
     "CheckpointOptions",
@@ -106,6 +108,9 @@ class CheckpointOptions:
         save (async_save=False) holds training, so it retries 10 s at most.
     preemption_budget_s: how long a SIGTERM may take to checkpoint before the process exits.
     restore_timeout_s: how long a restore waits for every node of the job to verify the same position.
+    fork_from: start this job from another job's checkpoint, "job@epoch" or "job@epoch.bBATCH" (default
+        CKPTSTORE_FORK_FROM), while it has none of its own: each node resumes from the parent's copy of
+        the same node there, and its first save writes only what changed (`client.fork`).
     """
 
     job: str
@@ -126,6 +131,7 @@ class CheckpointOptions:
     save_timeout_s: float = 120.0
     preemption_budget_s: float = 30.0
     restore_timeout_s: float = 600.0
+    fork_from: str | None = None
 
     @classmethod
     def resolve(cls, *, default_job: str | None = None, **options: Any) -> CheckpointOptions:
@@ -141,6 +147,7 @@ class CheckpointOptions:
         given.setdefault("local_storage", os.environ.get("CKPTSTORE_LOCAL_STORAGE") or None)
         given.setdefault("service", service_url_from_env())
         given.setdefault("token", os.environ.get("CKPTSTORE_TOKEN") or None)
+        given.setdefault("fork_from", os.environ.get("CKPTSTORE_FORK_FROM") or None)
         given.setdefault("resume_check", os.environ.get("CKPTSTORE_RESUME_CHECK") or "warn")
         given.setdefault("fresh_start", os.environ.get("CKPTSTORE_FRESH_START", "").lower() in ("1", "true", "yes"))
         if not given["job"]:
@@ -160,8 +167,15 @@ class CheckpointOptions:
             return [node]
         return [f"node-{i}" for i in range(nodes)] if isinstance(nodes, int) else list(nodes)
 
+    @property
+    def parent(self) -> ForkPoint | None:
+        """The checkpoint this job forks from (`fork_from`, parsed)."""
+        return None if self.fork_from is None else parse_fork_point(self.fork_from)
+
     def _check(self) -> None:
         validate_name(self.job, kind="job")
+        if self.parent is not None and self.parent.job == self.job:
+            raise ValueError(f"fork_from {self.fork_from!r} names this job itself")
         if self.node is not None:
             validate_name(self.node, kind="node")
         if isinstance(self.nodes, bool) or (isinstance(self.nodes, int) and not 1 <= self.nodes <= 4096):

@@ -33,9 +33,11 @@ from ckptstore.schema import (
     CheckpointRecord,
     CommitBatch,
     CommitOutcome,
+    ForkPoint,
     JobInfo,
     JobSpec,
     LastGood,
+    Lineage,
     MarkCause,
     MarkRequest,
     MarkState,
@@ -191,8 +193,10 @@ class ServiceClient:
         storage_root: str | None = None,
         local_root: str | None = None,
         retention: dict[str, Any] | None = None,
+        parent: ForkPoint | None = None,
     ) -> JobInfo:
         fields: dict[str, Any] = {"nodes": nodes, "storage_root": storage_root, "local_root": local_root}
+        fields["parent"] = parent
         if retention is not None:
             fields["retention"] = RetentionSpec.model_validate(retention)
         spec = JobSpec.model_validate(fields)
@@ -200,6 +204,9 @@ class ServiceClient:
 
     def get_job(self, job: str) -> JobInfo:
         return self._call("GET", self._job_path(job), parse=JobInfo.model_validate)
+
+    def lineage(self, job: str) -> Lineage:
+        return self._call("GET", f"{self._job_path(job)}/lineage", parse=Lineage.model_validate)
 
     def list_jobs(self, *, limit: int = 100, offset: int = 0) -> list[JobInfo]:
         return self._call(

@@ -110,18 +110,22 @@ def declare_job(
     process says explicitly: `nodes=` replaces the expected nodes (never grown behind the user's back),
     `max_to_keep` the retention, `local_storage` the local tier. Returns the job as declared now.
     `known`: the job as this process just read it (one request less per node in a restart storm)."""
-    node, keep_last = identity.checkpoint_node, options.max_to_keep
+    node, keep_last, parent = identity.checkpoint_node, options.max_to_keep, options.parent
     try:
         info = known or client.get_job(options.job)
     except CheckpointNotFoundError:
         retention = {"keep_last": keep_last} if keep_last else None
         nodes = options.expected_nodes(node)
-        return client.put_job(options.job, nodes, storage_root=storage, local_root=local_root, retention=retention)
+        return client.put_job(
+            options.job, nodes, storage_root=storage, local_root=local_root, retention=retention, parent=parent
+        )
     nodes = options.expected_nodes(node) if options.nodes is not None else info.nodes
     check_job(info, identity=identity, nodes=nodes, storage=storage)
+    if parent is not None and info.parent is not None and parent != info.parent:
+        raise ConfigurationError(f"job {options.job!r} was forked from {info.parent}, not {parent} (fork_from=)")
     retention = info.retention.model_dump()
     wanted = (sorted(nodes), local_root or info.local_root, keep_last)
-    if wanted == (sorted(info.nodes), info.local_root, retention["keep_last"]):
+    if wanted == (sorted(info.nodes), info.local_root, retention["keep_last"]) and (parent is None or info.parent):
         return info
     return client.put_job(
         options.job,
@@ -129,6 +133,7 @@ def declare_job(
         storage_root=info.storage_root,
         local_root=wanted[1],
         retention=retention | {"keep_last": wanted[2]},
+        parent=parent,
     )
 
 

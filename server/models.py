@@ -104,11 +104,19 @@ class Job(Base):
     resume_batch_key: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     created_at: Mapped[float] = mapped_column(Float)
     updated_at: Mapped[float] = mapped_column(Float)
+    parent_job: Mapped[str | None] = mapped_column(String(128), nullable=True, index=True)  # a fork's
+    parent_epoch: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    parent_batch_key: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
 
     @property
     def resume(self) -> Position | None:
         """The cached resume position (the highest good position)."""
         return position_of(self.resume_epoch, self.resume_batch_key)
+
+    @property
+    def parent_position(self) -> Position | None:
+        """The position of the parent's checkpoint a fork started from."""
+        return position_of(self.parent_epoch, self.parent_batch_key)
 
 
 class NodeSet(Base):

@@ -30,7 +30,7 @@ from ckptstore.schema import (
     RetentionPlan,
     RetentionSpec,
 )
-from server import held, queries
+from server import held, lineage, queries
 from server.errors import ApiError
 from server.events import emit
 from server.last_good import bump, expected_nodes, is_expected, judge_position, read_node_sets
@@ -95,6 +95,7 @@ def job_info(session: Session, job: Job) -> JobInfo:
         resume=PositionBody.of(job.resume),
         created_at=job.created_at,
         updated_at=job.updated_at,
+        parent=lineage.parent_of(job),
     )
 
 
@@ -126,6 +127,7 @@ def put_job(
             created_at=now,
             updated_at=now,
         )
+        lineage.set_parent(session, job, spec.parent)
         session.add(job)
         session.flush()
         session.add(NodeSet(job_id=job.id, version=1, nodes=list(spec.nodes)))
@@ -133,6 +135,7 @@ def put_job(
         return job, True
     if root != job.storage_root and session.scalar(select(Checkpoint.id).where(Checkpoint.job_id == job.id).limit(1)):
         raise ApiError(409, "conflict", f"job {name!r} already has checkpoints under {job.storage_root!r}")
+    lineage.set_parent(session, job, spec.parent)
     job.storage_root = root
     job.local_root = local_root
     job.retention = spec.retention.model_dump()
@@ -343,6 +346,7 @@ def retention_plan(session: Session, job: Job, *, now: float) -> RetentionPlan:
         r.position
         for r in session.scalars(select(PositionRow).where(PositionRow.job_id == job.id, PositionRow.good.is_(True)))
     }
+    forked_from = lineage.fork_points(session, job)  # a declared child may still start from these
     copies: dict[CopyKey, list[Checkpoint]] = {}  # an attempt's copies on every tier, by its durable key
     for r in rows:
         copies.setdefault(CopyKey(job.name, r.node, r.position, r.attempt), []).append(r)
@@ -368,6 +372,7 @@ def retention_plan(session: Session, job: Job, *, now: float) -> RetentionPlan:
             reason=d.reason,
         )
         for d in plan_deletions(candidates, good=good, policy=policy, now=now)
+        if d.key.position not in forked_from
         for r in copies[d.key]
     ]
     return RetentionPlan(

@@ -5,8 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Response
 from sqlalchemy import select
 
-from ckptstore.schema import JobInfo, JobSpec
-from server import records
+from ckptstore.schema import JobInfo, JobSpec, Lineage
+from server import lineage, records
 from server.deps import DbDep, JobName, PageDep, SettingsDep
 from server.errors import COMMON_ERRORS, error_responses
 from server.models import Job
@@ -39,6 +39,13 @@ def list_jobs(db: DbDep, page: PageDep) -> list[JobInfo]:
 def get_job(job: JobName, db: DbDep) -> JobInfo:
     with db.read() as session:
         return records.job_info(session, records.find_job(session, job))
+
+
+@router.get("/{job}/lineage", response_model=Lineage)
+def get_lineage(job: JobName, db: DbDep) -> Lineage:
+    """The checkpoint this job was forked from, that job's parent and so on, and the jobs forked from it."""
+    with db.read() as session:
+        return lineage.lineage(session, records.find_job(session, job))
 
 
 @router.delete("/{job}", status_code=204)

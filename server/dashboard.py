@@ -13,6 +13,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from ckptstore.position import Position
+from ckptstore.schema import Lineage
 from ckptstore.telemetry_schema import Advice, NodeHealth
 from server.advice import job_advice, job_goodput
 from server.aggregate import (
@@ -25,6 +26,7 @@ from server.aggregate import (
     position_counts,
 )
 from server.last_good import expected_nodes, parts_at
+from server.lineage import lineage
 from server.models import Attempt, Checkpoint, Health, Job, PositionRow, Stat
 from server.telemetry import job_health
 
@@ -91,6 +93,7 @@ class JobDetail:
     health_more: int = 0  # a large job lists SHOWN_NODES nodes that are not ok: how many more are not
     advice: Advice | None = None  # goodput and the recommended interval (server/advice.py)
     goodput: list[tuple[float, float]] = field(default_factory=list)  # (when, goodput then), oldest first
+    lineage: Lineage | None = None  # the checkpoint it was forked from, and the jobs forked from it
 
 
 def _newest_position(session: Session, job: Job) -> Position | None:
@@ -215,6 +218,7 @@ def job_detail(session: Session, job: Job, *, page: int, stale_after: float) -> 
         health_more=health_more,
         advice=advice,
         goodput=goodput,
+        lineage=lineage(session, job),
     )
 
 

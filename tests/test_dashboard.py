@@ -14,7 +14,7 @@ import pytest
 from ckptstore.copykey import CopyKey
 from ckptstore.position import Position
 from ckptstore.report import AccessReport
-from ckptstore.schema import PositionBody, ResumeAudit, SkippedCopy
+from ckptstore.schema import ForkPoint, PositionBody, ResumeAudit, SkippedCopy
 from client.service import ServiceClient
 from tests.builders import commit_body
 from tests.conftest import service_settings
@@ -60,6 +60,15 @@ def seed(url: str, root: str, token: str | None = None) -> None:
         client.report_health("demo", "n1", AccessReport(True, 3.1, None))
         seed_tiers(client, url, token, root)
         seed_history(client, url, token, root)
+        client.put_job(
+            "demo-lr", ["n0"], storage_root=root, parent=ForkPoint(job="demo", position=PositionBody(epoch=3))
+        )
+        client.put_job(
+            "demo-lr-2",
+            ["n0"],
+            storage_root=root,
+            parent=ForkPoint(job="demo-lr", position=PositionBody(epoch=1, batch=20)),
+        )
         client.put_job("long", ["solo"], storage_root=root)
         attempt = client.start_attempt("long", "solo")
         for epoch in range(65):
@@ -175,7 +184,13 @@ def test_jobs_page_then_job_page_show_the_seeded_states(browser, service):
     assert "15 committed, 1 missing, 1 corrupt, 1 deleted" in page.locator(".counts").inner_text()
     assert page.locator("svg polyline").count() == 3, "size, save-time and goodput plots"
     assert page.locator("table.attempts tbody tr").count() == 3
+    assert page.locator("#children").inner_text() == "demo-lr (at 3)", "the jobs forked from it"
     page.screenshot(path=os.path.join(ARTIFACTS, "job.png"), full_page=True)
+    page.goto(service.url + "/ui/jobs/demo-lr-2")
+    assert page.locator("#parent").inner_text() == "demo-lr@1.b20 ← demo@3", "the ancestry, nearest first"
+    page.locator("#parent a").last.click()
+    page.wait_for_url("**/ui/jobs/demo")
+    page.goto(service.url + "/ui/jobs/demo")
     page.get_by_text("← all jobs").click()
     page.wait_for_url("**/ui/")
     page.close()

@@ -12,6 +12,9 @@
   save of a process (a base on storage, nothing reusable), medians of `--reps` interleaved runs,
   each in a fresh process.
 - Hashing: XXH3-128 and the 4 KiB probe on this machine, GiB/s.
+- A lossless codec candidate (not built into ckptstore: see RESULTS): zstd of byte-grouped bf16
+  weights and fp32 Adam moments (each value's bytes split into planes), ratio and GB/s
+  (needs `pip install zstandard`; skipped without it). `--codec-only` runs just this part.
 """
 
 from __future__ import annotations
@@ -127,6 +130,43 @@ def hashing() -> dict[str, float]:
     return timings
 
 
+def codec() -> dict[str, dict[str, float]]:
+    """Ratio and single-stream GB/s of zstd level 1 on raw and byte-grouped real-shaped tensors."""
+    try:
+        import zstandard
+    except ImportError:
+        return {}
+    import ml_dtypes
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    gradients = rng.standard_normal(32 << 20, dtype=np.float32) * 1e-3
+    tensors = {
+        "bf16 weights (N(0, 0.02))": (rng.standard_normal(64 << 20, dtype=np.float32) * 0.02).astype(
+            ml_dtypes.bfloat16
+        ),
+        "fp32 Adam exp_avg": gradients * 0.1,
+        "fp32 Adam exp_avg_sq": gradients * gradients * 1e-3,
+    }
+    results = {}
+    for name, array in tensors.items():
+        for grouping in ("raw", "byte-grouped"):
+            planes = array.view(np.uint8).reshape(-1, array.dtype.itemsize)
+            data = (planes if grouping == "raw" else np.ascontiguousarray(planes.T)).tobytes()
+            started = time.perf_counter()
+            packed = zstandard.ZstdCompressor(level=1).compress(data)
+            encoded = time.perf_counter() - started
+            started = time.perf_counter()
+            zstandard.ZstdDecompressor().decompress(packed)
+            decoded = time.perf_counter() - started
+            results[f"{name}, {grouping}"] = {
+                "ratio": round(len(data) / len(packed), 3),
+                "encode_gb_s": round(len(data) / encoded / 1e9, 2),
+                "decode_gb_s": round(len(data) / decoded / 1e9, 2),
+            }
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--frozen-mib", type=int, default=1024)
@@ -136,7 +176,11 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--previous", default="6818d81", help="the release before content-addressed blobs")
     parser.add_argument("--workdir", default=None)
+    parser.add_argument("--codec-only", action="store_true")
     args = parser.parse_args()
+    if args.codec_only:
+        print(json.dumps({"codec": codec()}, indent=1))
+        return
     workdir = tempfile.mkdtemp(prefix="ckpt-dedup-", dir=args.workdir)
     previous = extract(args.previous)
     trees = {"this": ROOT, "previous": previous}
@@ -174,6 +218,7 @@ def main() -> None:
             "speed_this_over_previous": round(medians["previous"] / medians["this"], 3),
         }
         results["hashing_gib_s"] = hashing()
+        results["codec"] = codec()
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
         shutil.rmtree(previous, ignore_errors=True)

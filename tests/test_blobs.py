@@ -145,3 +145,19 @@ def test_a_kill_at_200_random_instants_of_retention_never_loses_a_referenced_blo
     lost = {k: summary[k] for k in ("referenced_blobs_lost", "kept_positions_lost", "bad_loads")}
     assert lost == {"referenced_blobs_lost": 0, "kept_positions_lost": 0, "bad_loads": 0}
     assert summary["garbage_left_after_rerun"] == 0, "the next run collects what a kill left"
+
+
+def test_replication_copies_only_the_blobs_the_target_lacks(tmp_path):
+    local = Store(str(tmp_path / "local"), tier="local", shard_size=1 << 20)
+    durable = Store(str(tmp_path / "durable"), shard_size=1 << 20)
+    for step in range(4):
+        ref = local.save("lora", "n0", step, lora_state(step), attempt=1)
+        durable.copy_from(local, ref.key, verify="sizes")
+    assert pool_bytes(str(tmp_path / "durable"), "lora", "n0") <= 1.02 * (FROZEN_BYTES + 4 * TRAINED_BYTES)
+    restarted = Store(str(tmp_path / "durable"))  # a new process: the base is found on storage
+    ref = local.save("lora", "n0", 4, lora_state(4), attempt=1)
+    before = pool_bytes(str(tmp_path / "durable"), "lora", "n0")
+    restarted.copy_from(local, ref.key)
+    assert pool_bytes(str(tmp_path / "durable"), "lora", "n0") - before <= TRAINED_BYTES + 4096
+    for step in (0, 4):
+        assert_bit_equal(Store(str(tmp_path / "durable")).load("lora", "n0", step), lora_state(step))

@@ -17,6 +17,19 @@ def arrays_for(epoch: int, *, tensors: int = 4, size: int = 40_000) -> dict[str,
     return {f"layer{i}": rng.standard_normal(size).astype(np.float32) for i in range(tensors)}
 
 
+def failed_loads(store, job: str, node: str, epochs, expected) -> tuple[int, int]:
+    """(how many of `epochs` fail to load, how many load other bytes than `expected(epoch)`)."""
+    unreadable = wrong = 0
+    for epoch in epochs:
+        try:
+            got = store.load(job, node, epoch)
+        except Exception:
+            unreadable += 1
+            continue
+        wrong += not bit_equal(got, expected(epoch))
+    return unreadable, wrong
+
+
 def bit_equal(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> bool:
     return set(got) == set(want) and all(got[k].tobytes() == want[k].tobytes() for k in want)
 

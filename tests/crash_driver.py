@@ -20,6 +20,7 @@ import numpy as np
 
 from ckptstore import Store
 from ckptstore.storage import Storage
+from tests.builders import failed_loads
 
 JOB, NODE = "crash", "node-0"
 NODES = ("n0", "n1", "n2")
@@ -158,15 +159,9 @@ def run(root: str, phase: str, trials: int, endpoint: str | None = None, service
         listed = {i.key.position.epoch for i in infos if i.committed}
         if (trial in listed) != COMMITTED_AFTER[phase]:
             summary["wrong_commit_state"] += 1
-        for epoch in listed:
-            try:
-                got = reader.load(job, node, epoch)
-            except Exception:
-                summary["partial_listed"] += 1
-                continue
-            want = arrays_for(epoch)
-            if set(got) != set(want) or any(got[k].tobytes() != want[k].tobytes() for k in want):
-                summary["bad_loads"] += 1
+        unreadable, wrong = failed_loads(reader, job, node, listed, arrays_for)
+        summary["partial_listed"] += unreadable
+        summary["bad_loads"] += wrong
         if service:
             with ServiceClient(service) as client:
                 answer = client.last_good_epoch(job)

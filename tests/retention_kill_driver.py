@@ -24,6 +24,7 @@ import numpy as np
 
 from ckptstore import Position, Store
 from ckptstore.storage import Storage
+from tests.builders import failed_loads
 
 PARENT, CHILD, NODE = "parent", "child", "n0"
 MUTATIONS = ("remove_file", "remove_prefix", "publish_object", "rename", "write_object")
@@ -90,15 +91,11 @@ def check(root: str, summary: dict) -> None:
         positions = {p.epoch for p in reader.list_positions(job, NODE)}
         if not expected <= positions:
             summary["kept_positions_lost"] += 1
-        for epoch in positions:
-            try:
-                got = reader.load(job, NODE, epoch)
-            except Exception:
-                summary["referenced_blobs_lost"] += 1
-                continue
-            want = state(100 if job == CHILD else epoch)
-            if any(got[k].tobytes() != want[k].tobytes() for k in want):
-                summary["bad_loads"] += 1
+        unreadable, wrong = failed_loads(
+            reader, job, NODE, positions, lambda e, job=job: state(100 if job == CHILD else e)
+        )
+        summary["referenced_blobs_lost"] += unreadable
+        summary["bad_loads"] += wrong
 
 
 def run(root: str, trials: int, seed: int) -> dict:

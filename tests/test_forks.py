@@ -121,3 +121,21 @@ def test_a_fork_declaration_is_checked(sqlite_service, job_name):
     for text in ("job", "job@", "job@x", "@3", "a/b@1"):
         with pytest.raises(ValueError):
             parse_fork_point(text)
+
+
+def test_a_keras_fit_forked_from_another_job_resumes_exactly_where_the_parent_was(sqlite_service):
+    from client.keras import BackupAndRestore
+    from tests.test_fit_outages import fit
+    from tests.train_job import final_state
+
+    root, url = sqlite_service.storage, sqlite_service.live.url
+    parent, child = f"keras-base-{uuid.uuid4().hex[:6]}", f"keras-fork-{uuid.uuid4().hex[:6]}"
+    options = {"storage": root, "service": url, "node": "n0", "delete_checkpoint": False}
+    uninterrupted = fit(BackupAndRestore(job=parent, **options), epochs=3)
+    forked = fit(BackupAndRestore(job=child, fork_from=f"{parent}@1", **options), epochs=3)
+    # The fork trained only epoch 2, from the parent's epoch 1: it ends bit-equal to the parent.
+    want, got = final_state(uninterrupted), final_state(forked)
+    assert want.keys() == got.keys() and all(want[k].tobytes() == got[k].tobytes() for k in want)
+    with ServiceClient(url) as client:
+        assert [c.epoch for c in client.list_checkpoints(child)] == [2]
+        assert str(client.lineage(child).parent) == f"{parent}@1"

@@ -19,6 +19,7 @@ pool's lock, so a blob written for a manifest not yet published is never collect
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -53,6 +54,7 @@ __all__ = [
     "collect",
 ]
 
+log = logging.getLogger("ckptstore")
 Committed = Callable[[str, str], list[Manifest]]  # (job, node) → the node's committed manifests
 _WINDOWS = 16
 _WINDOW_BYTES = 256
@@ -214,9 +216,13 @@ def collect(
 ) -> list[str]:
     """Delete the blobs of a node's pool that no committed copy of the node references (`committed(job,
     node)`: their manifests) and that either a deleted copy released or were last written before
-    `older_than`; and temporary files of writes that died before `older_than`. Returns the deleted keys."""
+    `older_than`; and temporary files of writes that died before `older_than`. Returns the deleted keys.
+    A pool reached through a symbolic link out of the root is never collected (a warning says so)."""
     pool = blob_pool(job, node)
-    deleted = []
+    deleted: list[str] = []
+    if storage.escapes(pool):
+        log.warning("not collecting %s: it leads outside %s (a symbolic link)", storage.path(pool), storage.root)
+        return deleted
     with pool_lock(storage, job, node):
         stored_files = storage.find(pool)
         users = {(job, node)} | {user for f in stored_files if (user := parse_pool_reference(f.relpath)) is not None}

@@ -45,6 +45,7 @@ def main() -> None:
     parser.add_argument("--job", required=True)
     parser.add_argument("--service", default=None)
     parser.add_argument("--epoch", type=int, default=0)
+    parser.add_argument("--shift", type=float, default=0.0, help="save the values plus this (other bytes)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
 
@@ -58,7 +59,8 @@ def main() -> None:
         dist.init_process_group("gloo")
     if args.mode == "save":
         writer = CkptstoreWriter(args.storage, args.job, args.epoch, service=args.service)
-        dcp.save(state(expected(), world), storage_writer=writer)
+        values = {k: v + args.shift if args.shift else v for k, v in expected().items()}
+        dcp.save(state(values, world), storage_writer=writer)
     else:
         target = state({k: torch.zeros_like(v) for k, v in expected().items()}, world)
         target["extra"] = {"step": 0, "note": ""}

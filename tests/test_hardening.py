@@ -159,6 +159,7 @@ def test_gc_never_follows_a_symbolic_link_out_of_the_root_nor_deletes_a_foreign_
     with ServiceClient(url) as client:
         deleted = apply_retention(client, job)
     assert all("other-team" not in d.location for d in deleted) and all(d.epoch != 3 for d in deleted), deleted
+    assert ours.collect_blobs(job, "n1", grace_seconds=0) == [], "blobs behind the link are not collected"
     assert other_team.list_positions("theirs", "n0") == [Position(0)], "the other team's checkpoint is intact"
     assert os.path.exists(f"{planted}/MANIFEST.json"), "a prefix whose manifest names someone else stays"
     with pytest.raises(InvalidNameError, match="leads outside"):

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ckptstore import Position, Store
-from ckptstore.errors import CorruptCheckpointError
+from ckptstore.errors import CkptStoreError, CorruptCheckpointError
 from tests.conftest import service_settings
 from tests.live import LiveService
 from tests.test_resume_truth import counter_job
@@ -78,8 +78,11 @@ def corrupt_newest(store: Store, job: str) -> None:
     if not positions:
         return
     newest = max(store.copies(job, "n0", positions[-1]), key=lambda k: k.attempt_order)
-    folder = store.location(newest)
-    shard = os.path.join(folder, sorted(f for f in os.listdir(folder) if f.startswith("tensors-"))[0])
+    try:
+        manifest = store.manifest(newest)
+    except CkptStoreError:
+        return  # an uncommitted leftover or an already damaged manifest: nothing more to damage
+    shard = store._storage.path(manifest.shards[0].key(newest.relpath))
     with open(shard, "r+b") as handle:
         handle.seek(os.path.getsize(shard) - 4)
         byte = handle.read(1)

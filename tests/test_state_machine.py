@@ -15,7 +15,6 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from ckptstore import CopyKey, Position, Store, commit
 from ckptstore.errors import CorruptCheckpointError
-from ckptstore.layout import MANIFEST_NAME
 from ckptstore.retention import Candidate, RetentionPolicy, plan_deletions
 from ckptstore.storage import Storage
 
@@ -33,6 +32,19 @@ class CheckpointMachine(RuleBasedStateMachine):
         self.attempt = 1
         self.intact: dict[int, dict[str, np.ndarray]] = {}
         self.corrupt: set[int] = set()
+        self.damaged: set[str] = set()  # blobs flipped: every copy pointing into one is corrupt
+
+    def _committed(self, epoch: int, arrays: dict[str, np.ndarray]) -> None:
+        """A save committed `epoch`: intact, unless it points into a damaged blob (a save that reuses a
+        blob nobody has read since it was damaged cannot know: the copy fails loudly at restore)."""
+        if self._files(epoch) & self.damaged:
+            self.corrupt.add(epoch)
+        else:
+            self.intact[epoch] = arrays
+
+    def _files(self, epoch: int) -> set[str]:
+        key = self._copy_of(epoch)
+        return {shard.key(key.relpath) for shard in self.store.manifest(key).shards}
 
     def teardown(self):
         shutil.rmtree(self.root, ignore_errors=True)
@@ -42,7 +54,7 @@ class CheckpointMachine(RuleBasedStateMachine):
         rng = np.random.default_rng(seed)
         arrays = {f"t{i}": rng.standard_normal(n).astype(np.float32) for i, n in enumerate(sizes)}
         self.store.save("job", "n0", self.epoch, arrays, attempt=str(self.attempt))
-        self.intact[self.epoch] = arrays
+        self._committed(self.epoch, arrays)
         self.epoch += 1
 
     @rule(writes_before_kill=st.integers(0, 6), sizes=st.lists(st.integers(1, 5000), min_size=1, max_size=4))
@@ -61,7 +73,7 @@ class CheckpointMachine(RuleBasedStateMachine):
         try:
             arrays = {f"t{i}": np.ones(n, np.float32) for i, n in enumerate(sizes)}
             self.store.save("job", "n0", self.epoch, arrays, attempt=str(self.attempt))
-            self.intact[self.epoch] = arrays  # the kill came after the last shard: it committed
+            self._committed(self.epoch, arrays)  # the kill came after the last shard: it committed
             self.epoch += 1
         except Killed:
             pass
@@ -73,16 +85,17 @@ class CheckpointMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def corrupt_a_shard(self, data):
         epoch = data.draw(st.sampled_from(sorted(self.intact)))
-        location = self.store.location(self._copy_of(epoch))
-        shards = sorted(f for f in os.listdir(location) if f != MANIFEST_NAME)
-        path = os.path.join(location, data.draw(st.sampled_from(shards)))
+        shard = data.draw(st.sampled_from(sorted(self._files(epoch))))
+        path = os.path.join(self.root, shard)
         with open(path, "r+b") as handle:
             handle.seek(data.draw(st.integers(0, os.path.getsize(path) - 1)))
             byte = handle.read(1)
             handle.seek(-1, os.SEEK_CUR)
             handle.write(bytes([byte[0] ^ 0xFF]))
-        self.intact.pop(epoch)
-        self.corrupt.add(epoch)
+        self.damaged.add(shard)
+        for other in [e for e in self.intact if shard in self._files(e)]:  # a shared blob: every user
+            self.intact.pop(other)
+            self.corrupt.add(other)
 
     @rule(keep=st.integers(1, 3))
     def gc(self, keep):

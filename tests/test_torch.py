@@ -204,11 +204,16 @@ def test_a_corrupt_dcp_shard_is_never_loaded_and_the_next_load_falls_back(tmp_pa
     storage = f"{sqlite_service.storage}/{job}"
     common = ["--storage", storage, "--job", job, "--service", sqlite_service.live.url]
     ranks(tmp_path, 2, "save", *common, module="tests.dcp_job")
-    ranks(tmp_path, 2, "save", *common, "--epoch", "1", module="tests.dcp_job")
+    # Other values at epoch 1: a byte-identical state would share every blob with epoch 0, and damage to
+    # a shared blob fails both positions on that tier (docs/layout.md, "Content-addressed blobs").
+    ranks(tmp_path, 2, "save", *common, "--epoch", "1", "--shift", "1", module="tests.dcp_job")
     store = Store(storage)
     (copy,) = store.copies(job, "node-1", Position(1))
     manifest = store.manifest(copy)
-    shard = Path(store._storage.path(manifest.shards[-1].key(copy.relpath)))
+    (old,) = store.copies(job, "node-1", Position(0))
+    shared = {s.file for s in store.manifest(old).shards}
+    own = next(s for s in reversed(manifest.shards) if s.file not in shared)
+    shard = Path(store._storage.path(own.key(copy.relpath)))
     data = bytearray(shard.read_bytes())
     data[-3] ^= 0x10  # a byte inside the last tensor's data
     shard.write_bytes(bytes(data))

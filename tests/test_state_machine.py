@@ -30,21 +30,33 @@ class CheckpointMachine(RuleBasedStateMachine):
         self.store = Store(self.root, shard_size=4096)
         self.epoch = 0
         self.attempt = 1
-        self.intact: dict[int, dict[str, np.ndarray]] = {}
-        self.corrupt: set[int] = set()
-        self.damaged: set[str] = set()  # blobs flipped: every copy pointing into one is corrupt
+        self.saved: dict[int, dict[str, np.ndarray]] = {}  # every committed position's arrays
+        self.pristine: dict[str, bytes] = {}  # each damaged blob's bytes before the damage
+        self.files: dict[int, set[str]] = {}  # the blobs each committed position's copy points into
 
     def _committed(self, epoch: int, arrays: dict[str, np.ndarray]) -> None:
-        """A save committed `epoch`: intact, unless it points into a damaged blob (a save that reuses a
-        blob nobody has read since it was damaged cannot know: the copy fails loudly at restore)."""
-        if self._files(epoch) & self.damaged:
-            self.corrupt.add(epoch)
-        else:
-            self.intact[epoch] = arrays
-
-    def _files(self, epoch: int) -> set[str]:
         key = self._copy_of(epoch)
-        return {shard.key(key.relpath) for shard in self.store.manifest(key).shards}
+        self.saved[epoch] = arrays
+        self.files[epoch] = {shard.key(key.relpath) for shard in self.store.manifest(key).shards}
+
+    def _damaged(self) -> set[str]:
+        """Blobs whose bytes differ from before their damage now (a later save that wrote the same blob
+        anew — same content, so the same name — healed it for every copy pointing into it)."""
+        damaged = set()
+        for file, before in self.pristine.items():
+            path = os.path.join(self.root, file)
+            if os.path.exists(path) and open(path, "rb").read() != before:
+                damaged.add(file)
+        return damaged
+
+    @property
+    def intact(self) -> dict[int, dict[str, np.ndarray]]:
+        damaged = self._damaged()
+        return {e: arrays for e, arrays in self.saved.items() if not self.files[e] & damaged}
+
+    @property
+    def corrupt(self) -> set[int]:
+        return set(self.saved) - set(self.intact)
 
     def teardown(self):
         shutil.rmtree(self.root, ignore_errors=True)
@@ -85,17 +97,14 @@ class CheckpointMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def corrupt_a_shard(self, data):
         epoch = data.draw(st.sampled_from(sorted(self.intact)))
-        shard = data.draw(st.sampled_from(sorted(self._files(epoch))))
+        shard = data.draw(st.sampled_from(sorted(self.files[epoch])))
         path = os.path.join(self.root, shard)
+        self.pristine.setdefault(shard, open(path, "rb").read())
         with open(path, "r+b") as handle:
             handle.seek(data.draw(st.integers(0, os.path.getsize(path) - 1)))
             byte = handle.read(1)
             handle.seek(-1, os.SEEK_CUR)
             handle.write(bytes([byte[0] ^ 0xFF]))
-        self.damaged.add(shard)
-        for other in [e for e in self.intact if shard in self._files(e)]:  # a shared blob: every user
-            self.intact.pop(other)
-            self.corrupt.add(other)
 
     @rule(keep=st.integers(1, 3))
     def gc(self, keep):
@@ -107,8 +116,7 @@ class CheckpointMachine(RuleBasedStateMachine):
             epoch = deletion.key.position.epoch
             self.store.delete_copy(deletion.key)
             if deletion.reason == "retention":
-                self.intact.pop(epoch, None)
-                self.corrupt.discard(epoch)
+                self.saved.pop(epoch, None)
 
     def _copy_of(self, epoch: int) -> CopyKey:
         committed = [

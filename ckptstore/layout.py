@@ -25,7 +25,6 @@ __all__ = [
     "PROBE_DIR",
     "BLOB_DIR",
     "BLOB_TEMP_PREFIX",
-    "shard_name",
     "is_shard_name",
     "blob_pool",
     "blob_key",
@@ -49,10 +48,6 @@ _REFS = ".refs"
 _SHARD_RE = re.compile(r"tensors-([0-9]{5})\.safetensors\Z")
 _BLOB_RE = re.compile(r"(" + NAME_PATTERN + r")/(" + NAME_PATTERN + r")/\.blobs/([0-9a-f]{32})\.safetensors\Z")
 _POSITION_RE = re.compile(r"([0-9]{10})(?:\.b([0-9]{10}))?\Z")
-
-
-def shard_name(index: int) -> str:
-    return f"tensors-{index:05d}.safetensors"
 
 
 def is_shard_name(name: str) -> bool:

@@ -161,3 +161,41 @@ def test_replication_copies_only_the_blobs_the_target_lacks(tmp_path):
     assert pool_bytes(str(tmp_path / "durable"), "lora", "n0") - before <= TRAINED_BYTES + 4096
     for step in (0, 4):
         assert_bit_equal(Store(str(tmp_path / "durable")).load("lora", "n0", step), lora_state(step))
+
+
+def test_a_format_1_copy_of_the_previous_release_is_read_verified_copied_and_deleted(tmp_path):
+    from ckptstore.crc import checksum, format_crc
+    from ckptstore.manifest import Manifest, ShardRecord, TensorRecord
+
+    arrays = {"w": np.arange(6, dtype=np.float32)}
+    folder = tmp_path / "old" / "job" / "n0" / "0000000000" / "1"
+    folder.mkdir(parents=True)
+    safetensors.numpy.save_file(arrays, str(folder / "tensors-00000.safetensors"))
+    data = (folder / "tensors-00000.safetensors").read_bytes()
+    begin = 8 + int.from_bytes(data[:8], "little")
+    shard = ShardRecord(file="tensors-00000.safetensors", bytes=len(data), crc32c=format_crc(checksum(data)))
+    tensor = TensorRecord(
+        name="w",
+        dtype="F32",
+        shape=(6,),
+        shard=0,
+        begin=begin,
+        end=begin + 24,
+        crc32c=format_crc(checksum(data[begin:])),
+    )
+    manifest = Manifest(
+        format_version=1, job="job", node="n0", epoch=0, batch=None, attempt="1",
+        created_at="2026-01-01T00:00:00.000+00:00", shards=(shard,), tensors=(tensor,),
+    )  # fmt: skip
+    (folder / "MANIFEST.json").write_bytes(manifest.to_json())
+    old = Store(str(tmp_path / "old"))
+    assert_bit_equal(old.load("job", "n0", 0), arrays)
+    assert old.verify("job", "n0", 0).ok
+    copied = Store(str(tmp_path / "new")).copy_from(old, old.key("job", "n0", Position(0), "1"))
+    assert copied.manifest.format_version == 1 and os.path.exists(f"{copied.location}/tensors-00000.safetensors")
+    assert_bit_equal(Store(str(tmp_path / "new")).load("job", "n0", 0), arrays)
+    later = old.save("job", "n0", 1, arrays, attempt="1")  # a format-1 base has no hashes: written whole
+    assert later.manifest.format_version == 2 and pool_bytes(str(tmp_path / "old"), "job", "n0") > 0
+    old.delete("job", "n0", 0)
+    assert not folder.exists() and old.list_positions("job", "n0") == [Position(1)]
+    assert_bit_equal(old.load("job", "n0", 1), arrays)

@@ -34,6 +34,7 @@ from ckptstore.layout import (
     blob_pool,
     parse_blob_key,
     parse_pool_reference,
+    plain_blob_key,
     pool_reference,
 )
 from ckptstore.manifest import Manifest, ShardRecord, TensorRecord
@@ -50,6 +51,7 @@ __all__ = [
     "Bases",
     "pool_lock",
     "mark_foreign_pools",
+    "held_blobs",
     "referenced",
     "collect",
 ]
@@ -198,6 +200,17 @@ def mark_foreign_pools(storage: Storage, manifest: Manifest) -> None:
             if storage.size(marker) is None:
                 storage.make_prefix(marker.rsplit("/", 1)[0])
                 storage.publish_object(marker, b"")
+
+
+def held_blobs(manifests: Iterable[Manifest], damaged: Collection[str] = ()) -> dict[str, ShardRecord]:
+    """The blobs the manifests point into, but those known `damaged`, by their plain key (`plain_blob_key`):
+    what a save or a copy need not write again, however the blob is stored."""
+    return {
+        plain_blob_key(shard.file) or shard.file: shard
+        for manifest in manifests
+        for shard in manifest.shards
+        if shard.blob is not None and shard.file not in damaged
+    }
 
 
 def referenced(manifests: Iterable[Manifest]) -> set[str]:

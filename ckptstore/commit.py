@@ -23,14 +23,16 @@ from typing import Any
 
 import numpy as np
 
-from ckptstore.blobs import Examined, blob_id, examine, mark_foreign_pools, pool_lock, referenced, tensor_probe
+from ckptstore.blobs import Examined, blob_id, examine, held_blobs, mark_foreign_pools, pool_lock, tensor_probe
+from ckptstore.codec import Codec, blob_items, encode
 from ckptstore.copykey import CopyKey
-from ckptstore.crc import checksum, format_crc
+from ckptstore.crc import Buffer, byte_view, checksum, format_crc
 from ckptstore.errors import CorruptCheckpointError
-from ckptstore.layout import BLOB_TEMP_PREFIX, MANIFEST_NAME, blob_key
+from ckptstore.layout import BLOB_TEMP_PREFIX, MANIFEST_NAME, blob_key, parse_blob_key, plain_blob_key
 from ckptstore.manifest import Manifest, ShardRecord, TensorRecord
 from ckptstore.shard import ShardPlan, iter_shard_chunks, plan_shards
 from ckptstore.storage import Storage
+from ckptstore.verify import checked_plain
 
 __all__ = ["commit_checkpoint", "copy_checkpoint", "discard_uncommitted"]
 
@@ -50,9 +52,11 @@ def commit_checkpoint(
     concurrency: int,
     bases: Sequence[Manifest] = (),
     damaged: Collection[str] = (),
+    codec: Codec | None = None,
 ) -> Manifest:
     """Write what of `arrays` the `bases` (committed copies on this storage) do not hold — in blobs not
-    known to be `damaged` — as blobs in the node's pool, make them durable, then publish the manifest."""
+    known to be `damaged` — as blobs in the node's pool (through `codec` where it pays), make them
+    durable, then publish the manifest."""
     key = copy.relpath
     examined = examine(arrays, bases, damaged=damaged, concurrency=concurrency)
     changed = {name: array for name, array in arrays.items() if name not in examined.unchanged}
@@ -60,8 +64,8 @@ def commit_checkpoint(
     storage.make_prefix(key)
     with pool_lock(storage, copy.job, copy.node):
         try:
-            held = referenced(bases) - set(damaged)
-            written, crcs = _write_blobs(storage, copy, plans, changed, examined, held, concurrency)
+            held = held_blobs(bases, damaged)
+            written, crcs = _write_blobs(storage, copy, plans, changed, examined, held, concurrency, codec)
             # Blobs and the copy's folder must be durable before the manifest names them.
             storage.sync_directory(key, up_to=_DIRECTORY_LEVELS)
             manifest = _manifest(copy, arrays, examined, plans, written, crcs, step=step, metadata=metadata)
@@ -134,38 +138,67 @@ def _write_blobs(
     plans: Sequence[ShardPlan],
     arrays: Mapping[str, np.ndarray],
     examined: Examined,
-    held: Collection[str],
+    held: Mapping[str, ShardRecord],
     concurrency: int,
+    codec: Codec | None,
 ) -> tuple[list[ShardRecord], dict[str, int]]:
-    """Write each planned shard as a blob of the copy's node (but those the bases hold already)."""
+    """Write each planned shard as a blob of the copy's node (but those the bases hold already), encoded
+    where `codec` is on and it pays."""
     staged = _Staging(storage)
 
     def write(plan: ShardPlan) -> tuple[ShardRecord, dict[str, int]]:
         crcs: dict[str, int] = {}
         shard_crc = 0
 
-        def chunks() -> Iterator[memoryview]:
+        def checked() -> Iterator[tuple[str | None, memoryview]]:
             nonlocal shard_crc
             for name, chunk in iter_shard_chunks(plan, arrays):
                 if name is not None:
                     crcs[name] = checksum(chunk)
                 shard_crc = checksum(chunk, shard_crc)
-                yield chunk
+                yield name, chunk
 
         identity = blob_id(plan.header, (examined.hash_of(slot.name, arrays[slot.name]) for slot in plan.slots))
         final = blob_key(copy.job, copy.node, identity)
         if final in held:
-            for _ in chunks():
+            for _ in checked():
                 pass  # the bytes are there: only their checksums are needed
-        else:
-            storage.write_object(staged.place(final), chunks(), plan.size)
-        return ShardRecord(file=final, bytes=plan.size, crc32c=format_crc(shard_crc), blob=identity), crcs
+            return held[final], crcs
+        if codec is None:
+            storage.write_object(staged.place(final), (chunk for _, chunk in checked()), plan.size)
+            return ShardRecord(file=final, bytes=plan.size, crc32c=format_crc(shard_crc), blob=identity), crcs
+        encoded = encode(
+            ((chunk, 1 if name is None else arrays[name].itemsize) for name, chunk in checked()), plan.size
+        )
+        record = ShardRecord(file=final, bytes=plan.size, crc32c=format_crc(shard_crc), blob=identity)
+        if encoded is None:
+            storage.write_object(
+                staged.place(final), (chunk for _, chunk in iter_shard_chunks(plan, arrays)), plan.size
+            )
+            return record, crcs
+        stored = _encoded(record, encoded, codec)
+        storage.write_object(staged.place(stored.file), [encoded], len(encoded))
+        return stored, crcs
 
     with ThreadPoolExecutor(max_workers=max(1, min(concurrency, len(plans)))) as pool:
         results = list(pool.map(write, plans))
         staged.commit(pool)
     crcs = {name: crc for _, part in results for name, crc in part.items()}
     return [record for record, _ in results], crcs
+
+
+def _encoded(record: ShardRecord, encoded: bytes, codec: Codec) -> ShardRecord:
+    """The record of the blob `record` stored as `encoded`."""
+    owner = parse_blob_key(record.file)
+    assert owner is not None and record.blob is not None, "only blobs are stored encoded"
+    return record.model_copy(
+        update={
+            "file": blob_key(owner[0], owner[1], record.blob, encoded=True),
+            "codec": codec,
+            "stored_bytes": len(encoded),
+            "stored_crc32c": format_crc(checksum(encoded)),
+        }
+    )
 
 
 class _Staging:
@@ -202,59 +235,91 @@ class _Staging:
 
 
 def copy_checkpoint(
-    source: Storage, target: Storage, key: str, manifest: Manifest, *, concurrency: int, held: Collection[str] = ()
-) -> None:
-    """Stream a committed checkpoint's shards from `source` to `target` (but the blobs in `held`, which
-    `target` holds for a committed copy already) and commit it there.
+    source: Storage,
+    target: Storage,
+    key: str,
+    manifest: Manifest,
+    *,
+    concurrency: int,
+    held: Mapping[str, ShardRecord] | None = None,
+    codec: Codec | None = None,
+) -> Manifest:
+    """Copy a committed checkpoint's shards from `source` to `target` (but the blobs in `held`, by plain
+    key, which `target` holds for a committed copy already) and commit it there; returns its manifest
+    there, which differs from `manifest` only in how blobs are stored.
 
-    Each shard's size and CRC32C are checked as it streams through; a shard that does not match
-    raises CorruptCheckpointError before its upload completes, and nothing is committed.
+    A blob stored as the target stores blobs (`codec`) streams through, its size and CRC32C checked on
+    the way: one that does not match raises CorruptCheckpointError before its upload completes. Any
+    other is read whole, checked and decoded, and stored through `codec` where that pays. Nothing is
+    committed unless every shard arrived.
     """
     source_location = source.path(key)
     copy = manifest.key()
     staged = _Staging(target)
+    held = held or {}
 
-    def send(shard: ShardRecord) -> str:
-        relpath = shard.key(key)
+    def damaged(shard: ShardRecord, missing: bool = False) -> CorruptCheckpointError:
+        state = "is missing" if missing else "does not match its manifest"
+        return CorruptCheckpointError(
+            f"shard {shard.file} of {source_location} {state}",
+            location=source_location,
+            file=shard.file,
+            missing=missing,
+        )
 
-        def chunks() -> Iterator[memoryview | bytes]:
-            crc = size = 0
-            try:
-                for chunk in source.iter_object(relpath):
-                    crc, size = checksum(chunk, crc), size + len(chunk)
-                    yield chunk
-            except FileNotFoundError as exc:
-                raise CorruptCheckpointError(
-                    f"shard {shard.file} of {source_location} is missing",
-                    location=source_location,
-                    file=shard.file,
-                    missing=True,
-                ) from exc
-            if size != shard.bytes or format_crc(crc) != shard.crc32c:
-                raise CorruptCheckpointError(
-                    f"shard {shard.file} of {source_location} does not match its manifest",
-                    location=source_location,
-                    file=shard.file,
-                )
+    def stream(shard: ShardRecord) -> Iterator[memoryview | bytes]:
+        crc = size = 0
+        try:
+            for chunk in source.iter_object(shard.key(key)):
+                crc, size = checksum(chunk, crc), size + len(chunk)
+                yield chunk
+        except FileNotFoundError as exc:
+            raise damaged(shard, missing=True) from exc
+        if size != shard.stored_size or format_crc(crc) != shard.stored_crc:
+            raise damaged(shard)
 
-        destination = relpath if shard.blob is None else staged.place(relpath)
-        target.write_object(destination, chunks(), shard.bytes)
-        return destination
+    def transcoded(shard: ShardRecord) -> tuple[ShardRecord, Buffer]:
+        try:
+            plain = checked_plain(shard, source.read_object(shard.key(key)), manifest)
+        except FileNotFoundError as exc:
+            raise damaged(shard, missing=True) from exc
+        except CorruptCheckpointError:
+            raise damaged(shard) from None
+        encoded = None if codec is None else encode(blob_items(plain), shard.bytes)
+        if codec is None or encoded is None:
+            return shard.plain(), plain
+        return _encoded(shard.plain(), encoded, codec), encoded
 
-    missing = [shard for shard in manifest.shards if shard.file not in held]
+    def send(shard: ShardRecord) -> tuple[ShardRecord, str | None]:
+        """The shard's record on the target, and where it was written (None: held there already)."""
+        if shard.blob is not None and (plain_blob_key(shard.file) or shard.file) in held:
+            return held[plain_blob_key(shard.file) or shard.file], None
+        if shard.blob is None or shard.codec == codec:
+            destination = shard.key(key) if shard.blob is None else staged.place(shard.file)
+            target.write_object(destination, stream(shard), shard.stored_size)
+            return shard, destination
+        record, data = transcoded(shard)
+        destination = staged.place(record.file)
+        target.write_object(destination, [byte_view(data)], record.stored_size)
+        return record, destination
+
     target.make_prefix(key)
     with pool_lock(target, copy.job, copy.node):
         try:
-            with ThreadPoolExecutor(max_workers=min(concurrency, max(1, len(missing)))) as pool:
-                written = list(pool.map(send, missing))
-                target.sync_files([relpath for relpath, shard in zip(written, missing) if shard.blob is None], pool)
+            with ThreadPoolExecutor(max_workers=min(concurrency, max(1, len(manifest.shards)))) as pool:
+                sent = list(pool.map(send, manifest.shards))
+                target.sync_files(
+                    [where for (record, where) in sent if where is not None and record.blob is None], pool
+                )
                 staged.commit(pool)
             target.sync_directory(key, up_to=_DIRECTORY_LEVELS)
-            mark_foreign_pools(target, manifest)
-            target.publish_object(f"{key}/{MANIFEST_NAME}", manifest.to_json())
+            arrived = manifest.model_copy(update={"shards": tuple(record for record, _ in sent)})
+            mark_foreign_pools(target, arrived)
+            target.publish_object(f"{key}/{MANIFEST_NAME}", arrived.to_json())
         except BaseException:
             discard_uncommitted(target, key)
             raise
+    return arrived
 
 
 def discard_uncommitted(storage: Storage, key: str) -> None:

@@ -102,9 +102,9 @@ def read_deferred(
     storage: Storage, key: str, manifest: Manifest, *, location: str, concurrency: int
 ) -> Mapping[str, np.ndarray]:
     """The copy at `key`, every shard verified: on local disk as `VerifiedTensors` (bytes left in the
-    page cache), elsewhere read whole as `read_verified` does (a second download would cost more
-    than new memory)."""
-    if not storage.is_local:
+    page cache), elsewhere — or where a blob is stored encoded — read whole as `read_verified` does (a
+    second download would cost more than new memory; an encoded blob is decoded into new memory anyway)."""
+    if not storage.is_local or any(shard.codec is not None for shard in manifest.shards):
         return read_verified(storage, key, manifest, location=location, concurrency=concurrency)
     problems, _, _ = scan_shards(storage, key, manifest, concurrency=concurrency)
     raise_first(problems, location)

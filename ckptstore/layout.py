@@ -5,6 +5,8 @@
         tensors-00000.safetensors …   shards of a format-1 copy (before content-addressed blobs)
     <root>/<job>/<node>/.blobs/<id>.safetensors
                                       the node's content-addressed shards, shared by its copies
+    <root>/<job>/<node>/.blobs/<id>.grouped.zst
+                                      a blob stored encoded (`ckptstore.codec`), where a store's codec is on
     <root>/<job>/<node>/.blobs/.refs/<job2>/<node2>
                                       node2 of job2 (a fork) has copies pointing into this pool
 
@@ -27,8 +29,10 @@ __all__ = [
     "BLOB_TEMP_PREFIX",
     "is_shard_name",
     "blob_pool",
+    "ENCODED_BLOB_SUFFIX",
     "blob_key",
     "parse_blob_key",
+    "plain_blob_key",
     "pool_reference",
     "parse_pool_reference",
     "position_dirname",
@@ -44,9 +48,11 @@ MANIFEST_TEMP_PREFIX = ".MANIFEST.json.tmp-"
 PROBE_DIR = ".ckptstore-probe"
 BLOB_DIR = ".blobs"
 BLOB_TEMP_PREFIX = ".tmp-"
+ENCODED_BLOB_SUFFIX = ".grouped.zst"
 _REFS = ".refs"
 _SHARD_RE = re.compile(r"tensors-([0-9]{5})\.safetensors\Z")
-_BLOB_RE = re.compile(r"(" + NAME_PATTERN + r")/(" + NAME_PATTERN + r")/\.blobs/([0-9a-f]{32})\.safetensors\Z")
+_BLOB_SUFFIX = r"(?:\.safetensors|\.grouped\.zst)"
+_BLOB_RE = re.compile(r"(" + NAME_PATTERN + r")/(" + NAME_PATTERN + r")/\.blobs/([0-9a-f]{32})" + _BLOB_SUFFIX + r"\Z")
 _POSITION_RE = re.compile(r"([0-9]{10})(?:\.b([0-9]{10}))?\Z")
 
 
@@ -59,9 +65,10 @@ def blob_pool(job: str, node: str) -> str:
     return f"{validate_name(job, kind='job')}/{validate_name(node, kind='node')}/{BLOB_DIR}"
 
 
-def blob_key(job: str, node: str, blob_id: str) -> str:
-    """Where the blob `blob_id` of a node's pool lies, relative to the storage root."""
-    return f"{blob_pool(job, node)}/{blob_id}.safetensors"
+def blob_key(job: str, node: str, blob_id: str, *, encoded: bool = False) -> str:
+    """Where the blob `blob_id` of a node's pool lies, relative to the storage root (`encoded`: stored
+    through the codec)."""
+    return f"{blob_pool(job, node)}/{blob_id}{ENCODED_BLOB_SUFFIX if encoded else '.safetensors'}"
 
 
 def parse_blob_key(key: str) -> tuple[str, str, str] | None:
@@ -70,6 +77,13 @@ def parse_blob_key(key: str) -> tuple[str, str, str] | None:
     if match is None or ".." in match.group(1) or ".." in match.group(2):
         return None
     return match.group(1), match.group(2), match.group(3)
+
+
+def plain_blob_key(key: str) -> str | None:
+    """The plain key of the blob at `key`, stored encoded or not (None for anything but a blob key): one
+    name for a blob, however a tier stores it."""
+    parsed = parse_blob_key(key)
+    return None if parsed is None else blob_key(*parsed)
 
 
 def pool_reference(pool_job: str, pool_node: str, job: str, node: str) -> str:

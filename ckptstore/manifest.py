@@ -8,7 +8,9 @@ else counts as "not committed" — never as a partially valid checkpoint.
 Format 1 keeps its shards in the copy's own folder (`tensors-00000.safetensors`); format 2 keeps
 them as content-addressed blobs in a node's pool (`<job>/<node>/.blobs/<id>.safetensors`, the
 `file` relative to the storage root), shared by every copy whose tensors they hold, and records
-each tensor's content hash so the next save can tell what did not change (`ckptstore.blobs`).
+each tensor's content hash so the next save can tell what did not change (`ckptstore.blobs`). A blob
+stored through the codec (`<id>.grouped.zst`) says so in its shard record, with the stored object's
+size and CRC32C beside the plain blob's; byte ranges are always the plain blob's.
 """
 
 from __future__ import annotations
@@ -20,10 +22,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from ckptstore.codec import Codec
 from ckptstore.copykey import CopyKey
 from ckptstore.crc import checksum, format_crc
 from ckptstore.errors import InvalidNameError
-from ckptstore.layout import is_shard_name, parse_blob_key
+from ckptstore.layout import ENCODED_BLOB_SUFFIX, is_shard_name, parse_blob_key, plain_blob_key
 from ckptstore.names import NAME_PATTERN, Tier, validate_attempt
 from ckptstore.position import POSITION_LIMIT, Position
 from ckptstore.shard import numpy_dtype
@@ -57,14 +60,37 @@ class _Strict(BaseModel):
 
 
 class ShardRecord(_Strict):
+    """A shard: its file, its plain safetensors size and CRC32C, its blob id (format 2) and, for a blob
+    stored encoded (`ckptstore.codec`), the codec and the stored object's own size and CRC32C."""
+
     file: str
     bytes: int = Field(ge=0)
     crc32c: str = Field(pattern=_CRC_PATTERN)
     blob: str | None = Field(default=None, pattern=_ID_PATTERN)
+    codec: Codec | None = None
+    stored_bytes: int | None = Field(default=None, ge=0)
+    stored_crc32c: str | None = Field(default=None, pattern=_CRC_PATTERN)
 
     def key(self, copy: str) -> str:
         """Where the shard lies relative to the storage root, for the copy whose folder is `copy`."""
         return self.file if self.blob is not None else f"{copy}/{self.file}"
+
+    def plain(self) -> ShardRecord:
+        """This shard's record as a plain blob."""
+        if self.codec is None:
+            return self
+        unset = {"codec": None, "stored_bytes": None, "stored_crc32c": None}
+        return self.model_copy(update={"file": plain_blob_key(self.file) or self.file, **unset})
+
+    @property
+    def stored_size(self) -> int:
+        """The size of the object on storage."""
+        return self.bytes if self.stored_bytes is None else self.stored_bytes
+
+    @property
+    def stored_crc(self) -> str:
+        """The CRC32C of the object on storage."""
+        return self.crc32c if self.stored_crc32c is None else self.stored_crc32c
 
 
 class TensorRecord(_Strict):
@@ -116,6 +142,11 @@ class Manifest(_Strict):
     def tensor(self, name: str) -> TensorRecord | None:
         return self._tensors_by_name.get(name)
 
+    def plain(self) -> Manifest:
+        """This manifest with every blob as stored plain: what two tiers' copies of one checkpoint share,
+        however each tier's codec stores the blobs."""
+        return self.model_copy(update={"shards": tuple(shard.plain() for shard in self.shards)})
+
     def to_json(self) -> bytes:
         """Serialise with the self-checksum that `parse_manifest` requires."""
         body = self.model_dump(mode="json")
@@ -130,9 +161,16 @@ def _canonical(body: dict[str, Any]) -> bytes:
 def _names_shard(shard: ShardRecord, version: int) -> bool:
     """Format 1 names shard files in the copy's folder; format 2 names blobs (their id in the key)."""
     if version == 1:
-        return shard.blob is None and is_shard_name(shard.file)
+        return shard.blob is None and shard.codec is None and is_shard_name(shard.file)
     parsed = parse_blob_key(shard.file)
-    return parsed is not None and parsed[2] == shard.blob
+    encoded = shard.codec is not None
+    return (
+        parsed is not None
+        and parsed[2] == shard.blob
+        and shard.file.endswith(ENCODED_BLOB_SUFFIX) == encoded
+        and (shard.stored_bytes is not None) == encoded
+        and (shard.stored_crc32c is not None) == encoded
+    )
 
 
 def _check_consistency(manifest: Manifest) -> None:

@@ -21,6 +21,7 @@ from typing import Any, Literal
 import numpy as np
 
 from ckptstore import blobs, listing
+from ckptstore.codec import CODEC_NAME, Codec
 from ckptstore.commit import commit_checkpoint, copy_checkpoint
 from ckptstore.copykey import CopyKey
 from ckptstore.deferred import read_deferred
@@ -49,7 +50,11 @@ DEFAULT_CONCURRENCY = 4
 
 
 class Store:
-    """Checkpoints of many jobs and nodes under one storage root (any fsspec URL), the copies of one tier."""
+    """Checkpoints of many jobs and nodes under one storage root (any fsspec URL), the copies of one tier.
+
+    `codec` ("bytegroup-zstd"; default off) stores the blobs this store writes — by a save or a copy —
+    encoded where that pays (`ckptstore.codec`); blobs stored either way are read by every store.
+    """
 
     def __init__(
         self,
@@ -59,9 +64,13 @@ class Store:
         shard_size: int = DEFAULT_SHARD_SIZE,
         concurrency: int = DEFAULT_CONCURRENCY,
         tier: Tier = "durable",
+        codec: Codec | None = None,
     ):
         if shard_size < 1 or concurrency < 1:
             raise ValueError("shard_size and concurrency must be positive")
+        if codec not in (None, CODEC_NAME):
+            raise ValueError(f"codec must be None or {CODEC_NAME!r}, got {codec!r}")
+        self.codec = codec
         self.url = normalize_root(url)
         self.shard_size = shard_size
         self.concurrency = concurrency
@@ -204,6 +213,7 @@ class Store:
             concurrency=self.concurrency,
             bases=[*self._bases.base(self._storage, key.job, key.node, self._manifests), *bases],
             damaged=self._bases.damaged,
+            codec=self.codec,
         )
         self._bases.wrote(manifest)
         return CheckpointRef.of(self.location(key), manifest, self.tier)
@@ -326,26 +336,34 @@ class Store:
         return [info.manifest for info in self.list_checkpoints(job, node) if info.manifest is not None]
 
     def copy_from(self, source: Store, key: CopyKey, *, verify: Literal["full", "sizes"] = "full") -> CheckpointRef:
-        """Copy the committed copy `key` of `source` here byte for byte.
+        """Copy the committed copy `key` of `source` here: the same tensors, each blob stored as this
+        store stores blobs (`codec`: byte for byte where both agree, else decoded and encoded again).
 
-        Shards are checked against their checksums as they stream through and committed here in the
-        same order as a save; on arrival the copy is verified: every shard read back (`full`), or
-        every shard's size and the manifest read back (`sizes`: for replication, whose shards were
-        just CRC-checked on their way). Copying onto an identical committed copy is a no-op; onto a
+        Shards are checked against their checksums on their way and committed here in the same order
+        as a save; on arrival the copy is verified: every shard read back (`full`), or every shard's
+        size and the manifest read back (`sizes`: for replication, whose shards were just CRC-checked
+        on their way). Copying onto a committed copy of the same checkpoint is a no-op; onto a
         different one, CommitConflictError.
         """
-        manifest = source.manifest(key.on(source.tier))
+        source_manifest = source.manifest(key.on(source.tier))
         target = key.on(self.tier)
         location = self.location(target)
         if self._storage.size(f"{target.relpath}/{MANIFEST_NAME}") is None:
-            held = blobs.referenced(self._bases.base(self._storage, key.job, key.node, self._manifests))
-            held -= self._bases.damaged
-            copy_checkpoint(
-                source._storage, self._storage, target.relpath, manifest, concurrency=self.concurrency, held=held
+            base = self._bases.base(self._storage, key.job, key.node, self._manifests)
+            manifest = copy_checkpoint(
+                source._storage,
+                self._storage,
+                target.relpath,
+                source_manifest,
+                concurrency=self.concurrency,
+                held=blobs.held_blobs(base, self._bases.damaged),
+                codec=self.codec,
             )
             self._bases.wrote(manifest)
-        elif self.manifest(target) != manifest:
-            raise CommitConflictError(f"{location} is already committed with other content")
+        else:
+            manifest = self.manifest(target)
+            if manifest.plain() != source_manifest.plain():
+                raise CommitConflictError(f"{location} is already committed with other content")
         problems = self._arrival_problems(target, manifest, full=verify == "full")
         if problems:
             raise CorruptCheckpointError(f"the copy at {location} does not verify: {problems[0]}", location=location)

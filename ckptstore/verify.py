@@ -13,13 +13,24 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ckptstore.codec import decode
 from ckptstore.crc import Buffer, byte_view, checksum, format_crc
 from ckptstore.errors import CheckpointNotFoundError, CorruptCheckpointError
 from ckptstore.manifest import Manifest, ShardRecord, TensorRecord
 from ckptstore.shard import numpy_dtype
 from ckptstore.storage import Storage
 
-__all__ = ["Problem", "shard_problem", "scan_shards", "size_problems", "raise_first", "read_verified", "as_array"]
+__all__ = [
+    "Problem",
+    "shard_problem",
+    "plain_bytes",
+    "checked_plain",
+    "scan_shards",
+    "size_problems",
+    "raise_first",
+    "read_verified",
+    "as_array",
+]
 
 
 @dataclass(frozen=True)
@@ -39,13 +50,16 @@ class Problem:
 
 
 def shard_problem(shard: ShardRecord, blob: Buffer, manifest: Manifest) -> Problem | None:
-    """The first problem with a whole shard's bytes, naming the damaged tensors if any."""
-    if len(blob) < shard.bytes:
-        return Problem("short_shard", shard.file, f"shard {shard.file} has {len(blob)} of {shard.bytes} bytes")
-    if len(blob) > shard.bytes:
-        return Problem("size_mismatch", shard.file, f"shard {shard.file} has {len(blob)} bytes, expected {shard.bytes}")
-    if format_crc(checksum(blob)) == shard.crc32c:
+    """The first problem with a whole shard's stored bytes, naming the damaged tensors if any."""
+    size = shard.stored_size
+    if len(blob) < size:
+        return Problem("short_shard", shard.file, f"shard {shard.file} has {len(blob)} of {size} bytes")
+    if len(blob) > size:
+        return Problem("size_mismatch", shard.file, f"shard {shard.file} has {len(blob)} bytes, expected {size}")
+    if format_crc(checksum(blob)) == shard.stored_crc:
         return None
+    if shard.codec is not None:
+        return Problem("checksum_mismatch", shard.file, f"shard {shard.file} does not match its checksum (encoded)")
     view = byte_view(blob)
     damaged = [
         t.name
@@ -54,6 +68,29 @@ def shard_problem(shard: ShardRecord, blob: Buffer, manifest: Manifest) -> Probl
     ]
     where = f"tensors {damaged[:5]}" if damaged else "its header"
     return Problem("checksum_mismatch", shard.file, f"shard {shard.file} does not match its checksum ({where})")
+
+
+def plain_bytes(shard: ShardRecord, stored: Buffer) -> Buffer:
+    """The plain safetensors bytes of a shard whose stored bytes verified: decoded where it is stored
+    encoded, and checked against the plain blob's CRC32C. ValueError when they do not decode to them."""
+    if shard.codec is None:
+        return stored
+    plain = decode(stored, shard.bytes)
+    if format_crc(checksum(plain)) != shard.crc32c:
+        raise ValueError("it decodes to other bytes than were encoded")
+    return plain
+
+
+def checked_plain(shard: ShardRecord, stored: Buffer, manifest: Manifest) -> Buffer:
+    """The plain bytes of a shard from its stored bytes, checked (and decoded); CorruptCheckpointError
+    naming the problem (its `file` the shard's) otherwise."""
+    problem = shard_problem(shard, stored, manifest)
+    if problem is None:
+        try:
+            return plain_bytes(shard, stored)
+        except ValueError as exc:
+            problem = Problem("checksum_mismatch", shard.file, f"shard {shard.file} does not decode: {exc}")
+    raise _Defect(problem)
 
 
 class _Defect(CorruptCheckpointError):
@@ -67,18 +104,17 @@ class _Defect(CorruptCheckpointError):
 def scan_shards(
     storage: Storage, key: str, manifest: Manifest, *, concurrency: int, keep: bool = False
 ) -> tuple[list[Problem], dict[str, Buffer], int]:
-    """Read every shard of the checkpoint at `key` and check it, overlapping checks with I/O.
+    """Read every shard of the checkpoint at `key` and check it (an encoded one decoded too), overlapping
+    checks with I/O.
 
-    Returns (problems, the shards' bytes by file name when `keep` and none failed, bytes read).
+    Returns (problems, the shards' plain bytes by file name when `keep` and none failed, bytes read).
     Raises StorageUnavailableError when storage cannot be read now.
     """
     shards = {shard.key(key): shard for shard in manifest.shards}
 
     def check(relpath: str, blob: Buffer) -> Buffer:
-        problem = shard_problem(shards[relpath], blob, manifest)
-        if problem is not None:
-            raise _Defect(problem)
-        return blob if keep else b""
+        plain = checked_plain(shards[relpath], blob, manifest)
+        return plain if keep else b""
 
     results = storage.read_objects(list(shards), concurrency=concurrency, check=check, transient=not keep)
     problems: list[Problem] = []
@@ -105,9 +141,9 @@ def size_problems(storage: Storage, key: str, manifest: Manifest) -> list[Proble
         size = storage.size(shard.key(key))
         if size is None:
             problems.append(Problem("missing_shard", shard.file, f"shard {shard.file} is missing"))
-        elif size != shard.bytes:
+        elif size != shard.stored_size:
             problems.append(
-                Problem("size_mismatch", shard.file, f"shard {shard.file} has {size} of {shard.bytes} bytes")
+                Problem("size_mismatch", shard.file, f"shard {shard.file} has {size} of {shard.stored_size} bytes")
             )
     return problems
 
@@ -150,21 +186,27 @@ def _read_named(
         wanted.append(record)
     files = [manifest.shards[t.shard].file for t in wanted]
     keys = [manifest.shards[t.shard].key(key) for t in wanted]
-    # Empty tensors need no read (an empty range request returns the whole object on S3).
-    ranged = [i for i, t in enumerate(wanted) if t.nbytes]
-    parts: list[bytes] = [b""] * len(wanted)
+    # Empty tensors need no read (an empty range request returns the whole object on S3); a tensor of an
+    # encoded blob is cut from the whole blob, decoded.
+    ranged = [i for i, t in enumerate(wanted) if t.nbytes and manifest.shards[t.shard].codec is None]
+    encoded = {t.shard for t in wanted if t.nbytes and manifest.shards[t.shard].codec is not None}
+    parts: list[Buffer | memoryview] = [b""] * len(wanted)
     try:
         fetched = storage.read_ranges(
             [keys[i] for i in ranged],
             [wanted[i].begin for i in ranged],
             [wanted[i].end for i in ranged],
         )
+        plain = {index: _read_plain(storage, manifest, key, index, location) for index in sorted(encoded)}
     except FileNotFoundError as exc:
         raise CorruptCheckpointError(
             f"a shard of {location} is missing: {exc}", location=location, missing=True
         ) from exc
-    for i, part in zip(ranged, fetched):
-        parts[i] = part
+    for i, fetched_part in zip(ranged, fetched):
+        parts[i] = fetched_part
+    for i, record in enumerate(wanted):
+        if record.shard in plain:
+            parts[i] = byte_view(plain[record.shard])[record.begin : record.end]
     arrays = {}
     for record, file, part in zip(wanted, files, parts):
         if len(part) != record.nbytes or format_crc(checksum(part)) != record.crc32c:
@@ -177,7 +219,18 @@ def _read_named(
     return arrays
 
 
-def as_array(buffer: Buffer, record: TensorRecord, offset: int) -> np.ndarray:
+def _read_plain(storage: Storage, manifest: Manifest, key: str, index: int, location: str) -> Buffer:
+    """The plain bytes of the manifest's shard `index`, read whole and checked."""
+    shard = manifest.shards[index]
+    try:
+        return checked_plain(shard, storage.read_object(shard.key(key)), manifest)
+    except _Defect as exc:
+        raise CorruptCheckpointError(
+            f"{exc.problem.detail} in {location}", location=location, file=shard.file
+        ) from None
+
+
+def as_array(buffer: Buffer | memoryview, record: TensorRecord, offset: int) -> np.ndarray:
     """A read-only little-endian view of one tensor inside a verified buffer."""
     dtype = numpy_dtype(record.dtype)
     count = record.nbytes // dtype.itemsize

@@ -70,7 +70,7 @@ class NodeCheckpointer:
         self.node = self.identity.checkpoint_node
         self.writes = self.identity.is_chief
         self.job = self.options.job
-        self.store = Store(self.options.storage, storage_options=self.options.storage_options)
+        self.store = Store(self.options.storage, storage_options=self.options.storage_options, codec=self.options.codec)
         self.local_store = self._local_tier()
         self.client = ServiceClient(self.options.service, token=self.options.token) if self.options.service else None
         self.attempt: str | None = None

@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 import httpx
 
+from ckptstore.codec import CODEC_NAME, Codec
 from ckptstore.names import validate_name
 from ckptstore.schema import ForkPoint
 from client.fork import parse_fork_point
@@ -108,6 +109,11 @@ class CheckpointOptions:
         save (async_save=False) holds training, so it retries 10 s at most.
     preemption_budget_s: how long a SIGTERM may take to checkpoint before the process exits.
     restore_timeout_s: how long a restore waits for every node of the job to verify the same position.
+    codec: store the durable tier's blobs encoded, "bytegroup-zstd" (default CKPTSTORE_CODEC; None: plain
+        safetensors): lossless, about 1.46× smaller bf16 weights and 1.19× fp32 optimizer moments, at
+        0.6-0.8 GB/s a stream to encode — worth it only where the durable tier is slower than that (a
+        remote object store over a modest link); with `local_storage`, replication encodes in the
+        background and the local tier stays plain. A blob that would not shrink is stored plain.
     fork_from: start this job from another job's checkpoint, "job@epoch" or "job@epoch.bBATCH" (default
         CKPTSTORE_FORK_FROM), while it has none of its own: each node resumes from the parent's copy of
         the same node there, and its first save writes only what changed (`client.fork`).
@@ -132,6 +138,7 @@ class CheckpointOptions:
     preemption_budget_s: float = 30.0
     restore_timeout_s: float = 600.0
     fork_from: str | None = None
+    codec: Codec | None = None
 
     @classmethod
     def resolve(cls, *, default_job: str | None = None, **options: Any) -> CheckpointOptions:
@@ -148,6 +155,7 @@ class CheckpointOptions:
         given.setdefault("service", service_url_from_env())
         given.setdefault("token", os.environ.get("CKPTSTORE_TOKEN") or None)
         given.setdefault("fork_from", os.environ.get("CKPTSTORE_FORK_FROM") or None)
+        given.setdefault("codec", os.environ.get("CKPTSTORE_CODEC") or None)
         given.setdefault("resume_check", os.environ.get("CKPTSTORE_RESUME_CHECK") or "warn")
         given.setdefault("fresh_start", os.environ.get("CKPTSTORE_FRESH_START", "").lower() in ("1", "true", "yes"))
         if not given["job"]:
@@ -188,6 +196,8 @@ class CheckpointOptions:
                 check_storage_url(url)
         for url in service_urls(self.service):
             check_service_url(url)
+        if self.codec not in (None, CODEC_NAME):
+            raise ValueError(f"codec must be {CODEC_NAME!r} or None, got {self.codec!r}")
         if self.on_error not in ("warn", "raise"):
             raise ValueError(f"on_error must be 'warn' or 'raise', got {self.on_error!r}")
         if self.resume_check not in ("warn", "raise", "off"):

@@ -12,9 +12,9 @@
   save of a process (a base on storage, nothing reusable), medians of `--reps` interleaved runs,
   each in a fresh process.
 - Hashing: XXH3-128 and the 4 KiB probe on this machine, GiB/s.
-- A lossless codec candidate (not built into ckptstore: see RESULTS): zstd of byte-grouped bf16
-  weights and fp32 Adam moments (each value's bytes split into planes), ratio and GB/s
-  (needs `pip install zstandard`; skipped without it). `--codec-only` runs just this part.
+- The lossless codec (`ckptstore.codec`: zstd of byte-grouped values) on bf16 weights and fp32 Adam
+  moments: ratio and single-stream GB/s on one shard, then whole saves and loads to local disk with
+  and without it. `--codec-only` runs just this part.
 """
 
 from __future__ import annotations
@@ -130,40 +130,67 @@ def hashing() -> dict[str, float]:
     return timings
 
 
-def codec() -> dict[str, dict[str, float]]:
-    """Ratio and single-stream GB/s of zstd level 1 on raw and byte-grouped real-shaped tensors."""
-    try:
-        import zstandard
-    except ImportError:
-        return {}
+def codec_states() -> dict[str, dict]:
+    """Real-shaped tensors for the codec: bf16 weights, fp32 Adam moments."""
     import ml_dtypes
     import numpy as np
 
     rng = np.random.default_rng(0)
-    gradients = rng.standard_normal(32 << 20, dtype=np.float32) * 1e-3
-    tensors = {
-        "bf16 weights (N(0, 0.02))": (rng.standard_normal(64 << 20, dtype=np.float32) * 0.02).astype(
-            ml_dtypes.bfloat16
-        ),
-        "fp32 Adam exp_avg": gradients * 0.1,
-        "fp32 Adam exp_avg_sq": gradients * gradients * 1e-3,
+    gradients = rng.standard_normal(64 << 20, dtype=np.float32) * 1e-3
+    weights = (rng.standard_normal(256 << 20, dtype=np.float32) * 0.02).astype(ml_dtypes.bfloat16)
+    return {
+        "bf16 weights (N(0, 0.02))": {f"w.{i}": part for i, part in enumerate(np.split(weights, 16))},
+        "fp32 Adam exp_avg": {f"m.{i}": part for i, part in enumerate(np.split(gradients * 0.1, 4))},
+        "fp32 Adam exp_avg_sq": {f"v.{i}": part for i, part in enumerate(np.split(gradients * gradients * 1e-3, 4))},
     }
-    results = {}
-    for name, array in tensors.items():
-        for grouping in ("raw", "byte-grouped"):
-            planes = array.view(np.uint8).reshape(-1, array.dtype.itemsize)
-            data = (planes if grouping == "raw" else np.ascontiguousarray(planes.T)).tobytes()
+
+
+def codec() -> dict[str, dict]:
+    """The built codec (`ckptstore.codec`): per kind of tensor, its ratio and single-stream encode and
+    decode GB/s on one 64 MiB shard; then whole saves and loads of each state to local disk with a
+    plain store and with `Store(codec="bytegroup-zstd")` (this tree only: the codec is new)."""
+    from ckptstore import Store
+    from ckptstore.codec import CODEC_NAME, blob_items, decode, encode
+
+    results: dict[str, dict] = {"shard": {}, "store": {}}
+    workdir = tempfile.mkdtemp(prefix="ckpt-codec-")
+    try:
+        for name, state in codec_states().items():
+            size = sum(array.nbytes for array in state.values())
+            ref = Store(os.path.join(workdir, "probe")).save("c", "n0", 0, state, attempt=1)
+            with open(ref.shard_locations[0], "rb") as handle:
+                blob = handle.read()
             started = time.perf_counter()
-            packed = zstandard.ZstdCompressor(level=1).compress(data)
-            encoded = time.perf_counter() - started
+            encoded = encode(blob_items(blob), len(blob))
+            encode_s = time.perf_counter() - started
+            assert encoded is not None
             started = time.perf_counter()
-            zstandard.ZstdDecompressor().decompress(packed)
-            decoded = time.perf_counter() - started
-            results[f"{name}, {grouping}"] = {
-                "ratio": round(len(data) / len(packed), 3),
-                "encode_gb_s": round(len(data) / encoded / 1e9, 2),
-                "decode_gb_s": round(len(data) / decoded / 1e9, 2),
+            assert decode(encoded, len(blob)).tobytes() == blob
+            decode_s = time.perf_counter() - started
+            results["shard"][name] = {
+                "ratio": round(len(blob) / len(encoded), 3),
+                "encode_gb_s": round(len(blob) / encode_s / 1e9, 2),
+                "decode_gb_s": round(len(blob) / decode_s / 1e9, 2),
             }
+            shutil.rmtree(os.path.join(workdir, "probe"))
+            for label, store_codec in (("plain", None), ("codec", CODEC_NAME)):
+                root = os.path.join(workdir, label)
+                store = Store(root, codec=store_codec)
+                started = time.perf_counter()
+                ref = store.save("c", "n0", 0, state, attempt=1)
+                saved = time.perf_counter() - started
+                started = time.perf_counter()
+                Store(root).load("c", "n0", 0)
+                loaded = time.perf_counter() - started
+                stored = sum(shard.stored_size for shard in ref.manifest.shards)
+                results["store"][f"{name}, {label}"] = {
+                    "ratio": round(size / stored, 3),
+                    "save_gb_s": round(size / saved / 1e9, 2),
+                    "load_gb_s": round(size / loaded / 1e9, 2),
+                }
+                shutil.rmtree(root)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
     return results
 
 

@@ -26,7 +26,7 @@ from ckptstore.crc import Buffer, byte_view
 from ckptstore.localfs import aligned_empty
 from ckptstore.shard import numpy_dtype
 
-__all__ = ["Codec", "CODEC_NAME", "MIN_RATIO", "LEVEL", "grouped", "encode", "decode", "blob_items"]
+__all__ = ["Codec", "CODEC_NAME", "check_codec", "MIN_RATIO", "LEVEL", "grouped", "encode", "decode", "blob_items"]
 
 Codec = Literal["bytegroup-zstd"]
 CODEC_NAME: Codec = "bytegroup-zstd"
@@ -35,19 +35,29 @@ LEVEL = 1  # zstd level: 0.6-0.8 GB/s a stream here; higher levels gain < 2 % on
 _HEADER_LIMIT = 100 << 20
 
 
+def check_codec(codec: str | None) -> Codec | None:
+    """`codec` if it names the codec (or None: off); ValueError otherwise."""
+    if codec not in (None, CODEC_NAME):
+        raise ValueError(f"codec must be {CODEC_NAME!r} or None (off), got {codec!r}")
+    return None if codec is None else CODEC_NAME
+
+
 def grouped(view: Buffer | memoryview, itemsize: int) -> Buffer | memoryview:
     """The bytes of `view` (values of `itemsize` bytes) grouped by byte position."""
     if itemsize == 1 or len(byte_view(view)) == 0:
         return view
-    values = np.frombuffer(view, dtype=np.uint8).reshape(-1, itemsize)
-    return np.ascontiguousarray(values.T)
+    values = np.frombuffer(view, dtype=np.uint8)
+    planes = np.empty((itemsize, len(values) // itemsize), dtype=np.uint8)
+    for index in range(itemsize):  # a strided read per plane: 5-10× a transposed copy here
+        planes[index] = values[index::itemsize]
+    return planes
 
 
 def encode(items: Iterable[tuple[Buffer | memoryview, int]], size: int) -> bytes | None:
     """One zstd frame of the blob whose parts, in file order, are `items` ((bytes, item size) pairs,
     the header's item size 1) of `size` bytes in all; None when encoding would not pay."""
     compressor = zstandard.ZstdCompressor(level=LEVEL).compressobj(size=size)
-    parts = [compressor.compress(grouped(view, itemsize)) for view, itemsize in items]
+    parts = [compressor.compress(byte_view(grouped(view, itemsize))) for view, itemsize in items]
     parts.append(compressor.flush())
     encoded = b"".join(parts)
     return encoded if len(encoded) * MIN_RATIO <= size else None
@@ -89,7 +99,7 @@ def decode(encoded: Buffer, size: int) -> np.ndarray:
     """The plain safetensors bytes (`size` of them, in new aligned memory) of an encoded blob.
     ValueError when the frame does not decode to a safetensors blob of that size."""
     try:
-        grouped_bytes = zstandard.ZstdDecompressor().decompress(encoded, max_output_size=size)
+        grouped_bytes = zstandard.ZstdDecompressor().decompress(byte_view(encoded), max_output_size=size)
     except zstandard.ZstdError as exc:
         raise ValueError(f"not a zstd frame: {exc}") from None
     if len(grouped_bytes) != size:
@@ -101,9 +111,8 @@ def decode(encoded: Buffer, size: int) -> np.ndarray:
     for view, itemsize in blob_items(grouped_bytes):
         count = len(view)
         target = out[offset : offset + count]
-        if itemsize == 1:
-            target[:] = source[offset : offset + count]
-        else:
-            target.reshape(-1, itemsize)[:] = source[offset : offset + count].reshape(itemsize, -1).T
+        planes = source[offset : offset + count].reshape(itemsize, -1)
+        for index in range(itemsize):
+            target[index::itemsize] = planes[index]
         offset += count
     return out

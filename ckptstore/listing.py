@@ -32,7 +32,7 @@ __all__ = [
     "committed_manifests",
     "manifest_owner",
     "refuse_foreign",
-    "case_twin",
+    "refuse_case_twins",
     "list_checkpoints",
     "highest_attempt",
 ]
@@ -80,13 +80,19 @@ def committed_manifests(
             log.info("%s is not committed: %s", storage.path(path), exc)
 
 
-def case_twin(storage: Storage, parent: str, name: str) -> str | None:
-    """An entry of `parent` that differs from `name` only by case (on local disk, where such names
-    can share one folder: macOS, Windows, SMB), or None."""
+def refuse_case_twins(storage: Storage, key: CopyKey) -> None:
+    """InvalidNameError when the copy's job or node differs from an existing one only by case, on local
+    disk (where such names can share one folder: macOS, Windows, SMB)."""
     if not storage.is_local:
-        return None
-    folded = name.casefold()
-    return next((n for n in storage.list_names(parent) if n != name and n.casefold() == folded), None)
+        return
+    for parent, name, kind in (("", key.job, "job"), (key.job, key.node, "node")):
+        folded = name.casefold()
+        twin = next((n for n in storage.list_names(parent) if n != name and n.casefold() == folded), None)
+        if twin is not None:
+            raise InvalidNameError(
+                f"{kind} {name!r} differs from {twin!r} under {storage.root} only by case: on case-insensitive "
+                "storage they would share one folder"
+            )
 
 
 def manifest_owner(storage: Storage, relpath: str) -> CopyKey | None:

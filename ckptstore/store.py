@@ -21,7 +21,7 @@ from typing import Any, Literal
 import numpy as np
 
 from ckptstore import blobs, listing
-from ckptstore.codec import CODEC_NAME, Codec
+from ckptstore.codec import Codec, check_codec
 from ckptstore.commit import commit_checkpoint, copy_checkpoint
 from ckptstore.copykey import CopyKey
 from ckptstore.deferred import read_deferred
@@ -29,7 +29,6 @@ from ckptstore.errors import (
     CheckpointNotFoundError,
     CommitConflictError,
     CorruptCheckpointError,
-    InvalidNameError,
 )
 from ckptstore.layout import MANIFEST_NAME, PROBE_DIR, normalize_root, position_key
 from ckptstore.manifest import Manifest, ManifestError, parse_manifest
@@ -50,11 +49,8 @@ DEFAULT_CONCURRENCY = 4
 
 
 class Store:
-    """Checkpoints of many jobs and nodes under one storage root (any fsspec URL), the copies of one tier.
-
-    `codec` ("bytegroup-zstd"; default off) stores the blobs this store writes — by a save or a copy —
-    encoded where that pays (`ckptstore.codec`); blobs stored either way are read by every store.
-    """
+    """Checkpoints of many jobs and nodes under one storage root (any fsspec URL), the copies of one tier;
+    `codec` (default off) stores the blobs it writes encoded where that pays (`ckptstore.codec`)."""
 
     def __init__(
         self,
@@ -68,12 +64,8 @@ class Store:
     ):
         if shard_size < 1 or concurrency < 1:
             raise ValueError("shard_size and concurrency must be positive")
-        if codec not in (None, CODEC_NAME):
-            raise ValueError(f"codec must be None or {CODEC_NAME!r}, got {codec!r}")
-        self.codec = codec
-        self.url = normalize_root(url)
-        self.shard_size = shard_size
-        self.concurrency = concurrency
+        self.codec = check_codec(codec)
+        self.url, self.shard_size, self.concurrency = normalize_root(url), shard_size, concurrency
         self.tier: Tier = tier
         self._storage: Storage = open_storage(self.url, storage_options)
         self._bases = blobs.Bases()
@@ -194,13 +186,7 @@ class Store:
         metadata = dict(metadata or {})
         json.dumps(metadata, allow_nan=False)  # fail before writing anything if it cannot be stored
         prepared = prepare_arrays(arrays)
-        for parent, name, kind in (("", key.job, "job"), (key.job, key.node, "node")):
-            twin = listing.case_twin(self._storage, parent, name)
-            if twin is not None:
-                raise InvalidNameError(
-                    f"{kind} {name!r} differs from {twin!r} under {self.url} only by case: on case-insensitive "
-                    "storage they would share one folder"
-                )
+        listing.refuse_case_twins(self._storage, key)
         if self._storage.size(f"{key.relpath}/{MANIFEST_NAME}") is not None:
             raise CommitConflictError(f"{key} is already committed at {self.location(key)}")
         manifest = commit_checkpoint(
@@ -336,28 +322,25 @@ class Store:
         return [info.manifest for info in self.list_checkpoints(job, node) if info.manifest is not None]
 
     def copy_from(self, source: Store, key: CopyKey, *, verify: Literal["full", "sizes"] = "full") -> CheckpointRef:
-        """Copy the committed copy `key` of `source` here: the same tensors, each blob stored as this
-        store stores blobs (`codec`: byte for byte where both agree, else decoded and encoded again).
-
-        Shards are checked against their checksums on their way and committed here in the same order
-        as a save; on arrival the copy is verified: every shard read back (`full`), or every shard's
-        size and the manifest read back (`sizes`: for replication, whose shards were just CRC-checked
-        on their way). Copying onto a committed copy of the same checkpoint is a no-op; onto a
-        different one, CommitConflictError.
-        """
+        """Copy the committed copy `key` of `source` here, each blob stored as this store stores blobs
+        (`codec`: byte for byte where both agree, else decoded and encoded again), checked against its
+        checksums on the way and committed in a save's order; on arrival verified: every shard read back
+        (`full`), or sizes and manifest (`sizes`: replication's, whose shards were just CRC-checked).
+        Onto a committed copy of the same checkpoint: a no-op; of another, CommitConflictError."""
         source_manifest = source.manifest(key.on(source.tier))
         target = key.on(self.tier)
         location = self.location(target)
         if self._storage.size(f"{target.relpath}/{MANIFEST_NAME}") is None:
             base = self._bases.base(self._storage, key.job, key.node, self._manifests)
+            held = blobs.held_blobs(base, self._bases.damaged)
             manifest = copy_checkpoint(
                 source._storage,
                 self._storage,
                 target.relpath,
                 source_manifest,
-                concurrency=self.concurrency,
-                held=blobs.held_blobs(base, self._bases.damaged),
+                held=held,
                 codec=self.codec,
+                concurrency=self.concurrency,
             )
             self._bases.wrote(manifest)
         else:

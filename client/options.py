@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 import httpx
 
-from ckptstore.codec import CODEC_NAME, Codec
+from ckptstore.codec import Codec, check_codec
 from ckptstore.names import validate_name
 from ckptstore.schema import ForkPoint
 from client.fork import parse_fork_point
@@ -196,8 +196,7 @@ class CheckpointOptions:
                 check_storage_url(url)
         for url in service_urls(self.service):
             check_service_url(url)
-        if self.codec not in (None, CODEC_NAME):
-            raise ValueError(f"codec must be {CODEC_NAME!r} or None, got {self.codec!r}")
+        check_codec(self.codec)
         if self.on_error not in ("warn", "raise"):
             raise ValueError(f"on_error must be 'warn' or 'raise', got {self.on_error!r}")
         if self.resume_check not in ("warn", "raise", "off"):

@@ -1,7 +1,7 @@
 """Run a documented training loop as written (a ```python block of README.md or docs/), in a
 process of its own, for tests/test_docs_code.py.
 
-    python -m tests.docs_job --block tf-loop|torch-loop --storage ROOT --job J --out FINAL.npz [--kill-at N]
+    python -m tests.docs_job --block tf-loop|torch-loop|jax-loop --storage ROOT --job J --out FINAL.npz [--kill-at N]
 
 The block runs with what its prose assumes defined (model, optimizer, dataset, train_step, EPOCHS,
 …) on a small model with Dropout and shuffled synthetic data; only its placeholders are replaced
@@ -30,6 +30,7 @@ BLOCKS = {  # name: (file, the text the block follows, placeholders replaced)
         "## A plain training loop",
         {"% 500": "% 5", '"s3://ckpt/jobs"': "STORAGE", "service=": "service=None and "},
     ),
+    "jax-loop": ("docs/jax.md", "## A training loop", {"% 500": "% 3", '"s3://ckpt/jobs"': "STORAGE"}),
 }
 
 
@@ -116,6 +117,31 @@ def torch_globals(args, namespace: dict):
     return final
 
 
+def jax_globals(args, namespace: dict):
+    import jax
+
+    from tests import jax_job
+
+    def train_step(state, x, y):
+        namespace["step_taken"]()
+        return jax_job.train_step(state, x, y)
+
+    namespace.update(initial_state=jax_job.initial_state, batch_of=jax_job.batch_of, train_step=train_step)
+    namespace.update(EPOCHS=jax_job.EPOCHS, STEPS_PER_EPOCH=jax_job.STEPS)
+
+    def final() -> dict[str, np.ndarray]:
+        leaves = jax.tree_util.tree_flatten_with_path(namespace["state"])[0]
+        return {
+            jax.tree_util.keystr(path): np.asarray(jax.random.key_data(leaf) if path[0].key == "rng" else leaf)
+            for path, leaf in leaves
+        }
+
+    return final
+
+
+GLOBALS = {"tf-loop": tf_globals, "torch-loop": torch_globals, "jax-loop": jax_globals}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--block", choices=sorted(BLOCKS), required=True)
@@ -126,7 +152,7 @@ def main() -> None:
     args = parser.parse_args()
     os.environ["CKPTSTORE_JOB"] = args.job  # the block names its own job: runs must not share it
     namespace: dict = {"STORAGE": args.storage}
-    final = (tf_globals if args.block == "tf-loop" else torch_globals)(args, namespace)
+    final = GLOBALS[args.block](args, namespace)
     namespace["step_taken"] = lambda: None
     code = block(args.block).replace('job="gan"', "job=__import__('os').environ['CKPTSTORE_JOB']")
     code = code.replace('job="lm"', "job=__import__('os').environ['CKPTSTORE_JOB']")

@@ -5,6 +5,7 @@ mid-epoch and run again, end bit-equal to an uninterrupted run, and their resume
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -28,16 +29,28 @@ def run_block(tmp_path, block: str, job: str, kill_at: int | None = None) -> tup
         return result.stderr, {k: archive[k] for k in archive.files}
 
 
-@pytest.mark.parametrize("block", ["tf-loop", "torch-loop"])
+@pytest.mark.parametrize("block", ["tf-loop", "torch-loop", "jax-loop"])
 def test_a_documented_loop_killed_mid_epoch_resumes_bit_exactly(block, tmp_path):
     if block == "torch-loop":
         pytest.importorskip("torch", reason="the [torch] extra is not installed")
+    if block == "jax-loop":
+        pytest.importorskip("optax", reason="the [jax] extra is not installed")
     _, baseline = run_block(tmp_path, block, f"base-{uuid.uuid4().hex[:6]}")
     job = f"killed-{uuid.uuid4().hex[:6]}"
-    kill_at = int(np.random.default_rng().integers(18, 25))  # epoch 1 (12 steps each), after its save at batch 5
+    # Epoch 1, after its first mid-epoch save: batch 5 of 12 (tf, torch), batch 3 of 8 (jax).
+    kill_at = int(np.random.default_rng().integers(*((12, 17) if block == "jax-loop" else (18, 25))))
     run_block(tmp_path, block, job, kill_at=kill_at)
     stderr, resumed = run_block(tmp_path, block, job)
     assert "resumed from epoch 1 batch" in stderr and "resume audit: exact" in stderr, stderr[-2000:]
     assert sorted(resumed) == sorted(baseline)
     for key, want in baseline.items():
         assert resumed[key].tobytes() == want.tobytes(), key
+
+
+def test_the_readme_jax_block_is_the_documented_loop():
+    def block(path: str, after: str) -> str:
+        with open(os.path.join(ROOT, path), encoding="utf-8") as handle:
+            text = handle.read()
+        return re.search(r"```python\n(.*?)```", text[text.index(after) :], re.S).group(1)
+
+    assert block("README.md", "### 3c. JAX") == block("docs/jax.md", "## A training loop")

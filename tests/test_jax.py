@@ -1,0 +1,142 @@
+"""`client.jax.CheckpointManager`: a JAX/optax loop (tests/jax_job.py) SIGKILLed mid-epoch and run
+again ends bit-equal to an uninterrupted run — on local disk, on a new machine restoring from S3
+(moto) with an empty local tier, and past a corrupt newest copy; typed PRNG keys round-trip; a state
+that does not fit is refused, or restored in part with strict=False."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import uuid
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax", reason="the [jax] extra is not installed")
+pytest.importorskip("optax", reason="the [jax] extra is not installed")
+
+import jax.numpy as jnp  # noqa: E402
+
+from ckptstore import Position, Store  # noqa: E402
+from ckptstore.errors import ResumeDriftError  # noqa: E402
+from client.jax import CheckpointManager  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STEPS_PER_EPOCH = 8
+
+
+def run(tmp_path, *args: str, kill_at: int | None = None) -> tuple[str, dict[str, np.ndarray]]:
+    out = str(tmp_path / f"{uuid.uuid4().hex[:6]}.npz")
+    command = [sys.executable, "-m", "tests.jax_job", "--out", out, *args]
+    command += [] if kill_at is None else ["--kill-at", str(kill_at)]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    if kill_at is not None:
+        assert result.returncode == -9, result.stderr[-3000:]
+        return result.stderr, {}
+    assert result.returncode == 0, result.stderr[-3000:]
+    with np.load(out) as archive:
+        return result.stderr, {key: archive[key] for key in archive.files}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> dict[str, np.ndarray]:
+    tmp_path = tmp_path_factory.mktemp("jax-base")
+    return run(tmp_path, "--storage", str(tmp_path / "ckpt"), "--job", "base")[1]
+
+
+def assert_same(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> None:
+    assert sorted(got) == sorted(want) and len(want) > 10
+    for key, value in want.items():
+        assert got[key].dtype == value.dtype and got[key].tobytes() == value.tobytes(), key
+
+
+def resumed_position(stderr: str) -> Position:
+    match = re.search(r"resumed from epoch (\d+)(?: batch (\d+))?", stderr)
+    assert match is not None, stderr[-2000:]
+    return Position(int(match.group(1)), None if match.group(2) is None else int(match.group(2)))
+
+
+def test_a_loop_killed_mid_epoch_resumes_bit_exactly(tmp_path, uninterrupted):
+    storage = str(tmp_path / "ckpt")
+    kill_at = int(np.random.default_rng().integers(STEPS_PER_EPOCH + 4, 2 * STEPS_PER_EPOCH))  # mid epoch 1
+    run(tmp_path, "--storage", storage, "--job", "killed", kill_at=kill_at)
+    stderr, final = run(tmp_path, "--storage", storage, "--job", "killed")
+    assert "resume audit: exact" in stderr, stderr[-2000:]
+    assert resumed_position(stderr) >= Position(0)
+    assert_same(final, uninterrupted)
+
+
+@pytest.mark.s3
+def test_a_new_machine_restores_from_s3_with_an_empty_local_tier(tmp_path, moto_s3, uninterrupted):
+    job = f"jax-{uuid.uuid4().hex[:8]}"
+    durable = f"s3://{moto_s3.bucket}/{job}"
+    tier = ["--storage", durable, "--endpoint", moto_s3.endpoint_url, "--job", job]
+    run(tmp_path, *tier, "--local", str(tmp_path / "machine-a"), kill_at=2 * STEPS_PER_EPOCH + 2)
+    stderr, final = run(tmp_path, *tier, "--local", str(tmp_path / "machine-b"))
+    assert "durable copy" in stderr and "resume audit: exact" in stderr, stderr[-2000:]
+    assert_same(final, uninterrupted)
+
+
+def test_a_corrupt_newest_copy_is_fallen_back_from(tmp_path, uninterrupted):
+    storage = str(tmp_path / "ckpt")
+    run(tmp_path, "--storage", storage, "--job", "damaged", kill_at=2 * STEPS_PER_EPOCH + 5)
+    store = Store(storage)
+    newest = store.latest("damaged", "n0")
+    assert newest is not None and newest >= Position(1)
+    manifest = store.manifest(store.copies("damaged", "n0", newest)[-1])
+    shard = max(manifest.shards, key=lambda s: s.bytes)
+    path = os.path.join(storage, shard.file)
+    data = bytearray(open(path, "rb").read())
+    data[-3] ^= 0x10
+    open(path, "wb").write(bytes(data))
+    stderr, final = run(tmp_path, "--storage", storage, "--job", "damaged")
+    assert resumed_position(stderr) < newest, stderr[-2000:]
+    assert_same(final, uninterrupted)
+
+
+def test_typed_and_raw_prng_keys_and_python_leaves_round_trip(tmp_path):
+    state = {
+        "key": jax.random.key(7),
+        "keys": jax.random.split(jax.random.key(8), 3),
+        "raw": jax.random.PRNGKey(9),
+        "bf16": jnp.arange(6, dtype=jnp.bfloat16).reshape(2, 3),
+        "count": 5,
+        "host": np.arange(3, dtype=np.int16),
+    }
+    options = {"storage": str(tmp_path), "job": "keys", "node": "n0"}
+    with CheckpointManager(**options) as mgr:
+        assert mgr.restore_or_initialize(state) == (0, state)
+        mgr.save(0, state)
+    blank = jax.tree_util.tree_map(lambda leaf: leaf, state)
+    blank.update(key=jax.random.key(0), keys=jax.random.split(jax.random.key(0), 3), count=0)
+    with CheckpointManager(**options) as mgr:
+        epoch, restored = mgr.restore_or_initialize(blank)
+    assert epoch == 1 and restored["count"] == 5 and type(restored["count"]) is int
+    for name in ("key", "keys"):
+        assert jax.dtypes.issubdtype(restored[name].dtype, jax.dtypes.prng_key)
+        assert (jax.random.key_data(restored[name]) == jax.random.key_data(state[name])).all()
+    assert restored["raw"].dtype == jnp.uint32 and (restored["raw"] == state["raw"]).all()
+    assert restored["bf16"].dtype == jnp.bfloat16 and (restored["bf16"] == state["bf16"]).all()
+    assert isinstance(restored["host"], np.ndarray) and restored["host"].tolist() == [0, 1, 2]
+    # The next draw from the restored key is the saved run's.
+    assert (jax.random.normal(restored["key"], (4,)) == jax.random.normal(state["key"], (4,))).all()
+
+
+def test_a_state_that_does_not_fit_is_refused_or_restored_in_part(tmp_path):
+    options = {"storage": str(tmp_path), "job": "fit", "node": "n0"}
+    saved = {"w": jnp.ones((2, 3)), "b": jnp.full(3, 2.0)}
+    with CheckpointManager(**options) as mgr:
+        mgr.restore_or_initialize(saved)
+        mgr.save(0, saved)
+    other = {"w": jnp.zeros((4, 3)), "b": jnp.zeros(3)}
+    with pytest.raises(ResumeDriftError, match=r"w'\] \(2, 3\) float32 → \(4, 3\) float32"):
+        with CheckpointManager(resume_check="raise", **options) as mgr:
+            mgr.restore_or_initialize(other)
+    with pytest.raises(ValueError, match="does not fit 1 leaves"):
+        with CheckpointManager(resume_check="off", **options) as mgr:
+            mgr.restore_or_initialize(other)
+    with CheckpointManager(resume_check="off", strict=False, **options) as mgr:
+        _, restored = mgr.restore_or_initialize(other)
+    assert restored["w"].shape == (4, 3) and (restored["w"] == 0).all() and (restored["b"] == 2).all()

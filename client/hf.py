@@ -1,0 +1,190 @@
+"""`BackupAndRestore` for the Hugging Face `Trainer`: its checkpoints through ckptstore, and a killed
+run resumed exactly by a plain `trainer.train()`.
+
+trainer = Trainer(model, args, train_dataset=..., callbacks=[BackupAndRestore(storage="s3://…", job="lm")])
+trainer.train()
+
+Each time the Trainer saves (`args.save_steps`, `save_strategy`), the callback takes the checkpoint
+folder it just wrote — weights, optimizer, scheduler, RNG states, trainer state — and saves it through
+ckptstore (async, tiers, the service): each safetensors file as its tensors (so unchanged tensors are
+written once), every other file as its bytes. On a restart, `trainer.train()` — with no
+`resume_from_checkpoint` — restores the newest intact copy into a folder of the Trainer's own layout
+and resumes from it the Trainer's own way: weights, optimizer, scheduler, RNG, and its batch skipping
+for the data position. The callback finds its Trainer when the Trainer is built (`on_init_end`) and
+wraps that one's `train`; if it cannot, it says so, and a run with copies to resume from is refused
+rather than started from scratch.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import struct
+import sys
+from collections.abc import Mapping
+from types import FrameType
+from typing import Any
+
+import numpy as np
+import transformers
+from transformers import TrainerCallback
+
+from ckptstore import Position
+from ckptstore.errors import ResumeRefusedError
+from ckptstore.shard import numpy_dtype
+from client.node import NodeCheckpointer
+from client.options import CheckpointOptions
+
+__all__ = ["BackupAndRestore"]
+
+log = logging.getLogger("ckptstore.client")
+LAYOUT_KEY = "hf_checkpoint"  # manifest metadata: the folder's files and how each is stored
+STAGING = ".ckptstore-restore"  # under args.output_dir: the restored checkpoint the Trainer resumes from
+
+
+def pack_folder(folder: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """A checkpoint folder's files as named arrays, and the layout that puts them back byte for byte:
+    a safetensors file as its header and its tensors (each with its own dtype), any other file as bytes."""
+    arrays: dict[str, np.ndarray] = {}
+    files: dict[str, Any] = {}
+    for name in sorted(os.listdir(folder)):
+        path = os.path.join(folder, name)
+        if not os.path.isfile(path):
+            continue
+        with open(path, "rb") as handle:
+            data = handle.read()
+        tensors = _safetensors_parts(data) if name.endswith(".safetensors") else None
+        if tensors is None:
+            arrays[name] = np.frombuffer(data, dtype=np.uint8)
+            files[name] = "bytes"
+            continue
+        header_end = tensors[0][1] if tensors else len(data)
+        arrays[f"{name}#header"] = np.frombuffer(data[:header_end], dtype=np.uint8)
+        for tensor, begin, end, code, shape in tensors:
+            arrays[f"{name}#{tensor}"] = np.frombuffer(data[begin:end], dtype=numpy_dtype(code)).reshape(shape)
+        files[name] = [tensor for tensor, *_ in tensors]
+    return arrays, files
+
+
+def _safetensors_parts(data: bytes) -> list[tuple[str, int, int, str, list[int]]] | None:
+    """(name, begin, end, dtype code, shape) of each tensor in file order when the tensors follow the
+    header back to back with dtypes ckptstore stores; None otherwise (the file is kept as bytes)."""
+    try:
+        (size,) = struct.unpack("<Q", data[:8])
+        header = json.loads(data[8 : 8 + size])
+        parts = sorted(
+            (8 + size + entry["data_offsets"][0], 8 + size + entry["data_offsets"][1], name, entry)
+            for name, entry in header.items()
+            if name != "__metadata__"
+        )
+        expected = 8 + size
+        for begin, end, _, entry in parts:
+            numpy_dtype(entry["dtype"])
+            if begin != expected:
+                return None
+            expected = end
+    except (ValueError, KeyError, TypeError, struct.error):
+        return None
+    if expected != len(data):
+        return None
+    return [(name, begin, end, entry["dtype"], entry["shape"]) for begin, end, name, entry in parts]
+
+
+def unpack_folder(arrays: Mapping[str, np.ndarray], files: Mapping[str, Any], folder: str) -> None:
+    """Write the files `pack_folder` packed into `folder`, byte for byte."""
+    os.makedirs(folder, exist_ok=True)
+    for name, layout in files.items():
+        parts = [arrays[name]] if layout == "bytes" else [arrays[f"{name}#header"]]
+        parts += [] if layout == "bytes" else [arrays[f"{name}#{tensor}"] for tensor in layout]
+        with open(os.path.join(folder, name), "wb") as handle:
+            for part in parts:
+                handle.write(np.ascontiguousarray(part).view(np.uint8).reshape(-1).data)
+
+
+def _calling_trainer() -> transformers.Trainer | None:
+    """The Trainer whose construction is calling this callback's `on_init_end`."""
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        candidate = frame.f_locals.get("self")
+        if isinstance(candidate, transformers.Trainer):
+            return candidate
+        frame = frame.f_back
+    return None
+
+
+class BackupAndRestore(TrainerCallback):
+    """The Trainer's checkpoints through ckptstore, and an exact resume of a restarted run.
+
+    Options are `CheckpointOptions`' (storage, job, service, local_storage, max_to_keep, codec, …; the
+    job defaults to CKPTSTORE_JOB, else "hf"). The cadence is the Trainer's (`save_steps`).
+    """
+
+    def __init__(self, **options: Any):
+        self.options = CheckpointOptions.resolve(default_job="hf", **options)
+        self.checkpointer: NodeCheckpointer | None = None
+        self._steps_per_epoch = 1
+        self._wrapped = False
+
+    def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        trainer = _calling_trainer()
+        if trainer is None:
+            log.warning("ckptstore's BackupAndRestore could not find its Trainer: a restart will not resume")
+            return
+        original = trainer.train
+
+        def train(resume_from_checkpoint: str | bool | None = None, **more: Any) -> Any:
+            staged = self._start(trainer.args) if resume_from_checkpoint in (None, False) else None
+            return original(resume_from_checkpoint=staged or resume_from_checkpoint, **more)
+
+        trainer.train = train  # type: ignore[method-assign,assignment]
+        self._wrapped = True
+
+    def _start(self, args: Any) -> str | None:
+        """Register and restore the newest intact copy into a folder the Trainer resumes from (None: fresh)."""
+        self.checkpointer = NodeCheckpointer(self.options)
+        restored = self.checkpointer.start()
+        if restored is None:
+            return None
+        metadata = restored.checkpoint.manifest.metadata
+        if LAYOUT_KEY not in metadata:
+            raise ValueError("this checkpoint was not written by client.hf.BackupAndRestore")
+        folder = os.path.join(args.output_dir, STAGING, f"checkpoint-{metadata['global_step']}")
+        shutil.rmtree(folder, ignore_errors=True)
+        unpack_folder(restored.checkpoint.arrays, metadata[LAYOUT_KEY], folder)
+        self.checkpointer.resumed(restored, 0.0)
+        return folder
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.checkpointer is None:  # train() was not wrapped: never start from scratch over copies
+            self.checkpointer = NodeCheckpointer(self.options)
+            if self.checkpointer.start() is not None:
+                raise ResumeRefusedError(
+                    f"job {self.options.job!r} has checkpoints to resume from, but BackupAndRestore could not "
+                    "hook this Trainer's train(): pass its newest checkpoint as resume_from_checkpoint, or "
+                    "build the Trainer with the callback in callbacks="
+                )
+        loader = kwargs.get("train_dataloader")
+        if loader is not None:
+            self._steps_per_epoch = max(len(loader) // max(args.gradient_accumulation_steps, 1), 1)
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """The Trainer has just written checkpoint-<global_step>: save it through ckptstore."""
+        assert self.checkpointer is not None, "on_train_begin runs first"
+        folder = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+        if not os.path.isdir(folder) or not args.should_save:
+            return
+        arrays, files = pack_folder(folder)
+        epoch, batch = divmod(state.global_step, self._steps_per_epoch)
+        position = Position(epoch - 1) if batch == 0 and epoch > 0 else Position(epoch, batch)
+        metadata = {LAYOUT_KEY: files, "global_step": state.global_step}
+        self.checkpointer.save(position, arrays, step=state.global_step, metadata=metadata)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        # The restored folder stays until here: the Trainer reads its RNG states once it has skipped batches.
+        shutil.rmtree(os.path.join(args.output_dir, STAGING), ignore_errors=True)
+        if self.checkpointer is not None:
+            self.checkpointer.wait()
+            self.checkpointer.close()
+            self.checkpointer = None

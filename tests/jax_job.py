@@ -6,7 +6,7 @@ data shuffled per epoch from a key, saves every 3 batches and at each epoch's en
                             [--kill-at STEP]
 
 Writes the final state's leaves to OUT.npz and the resume line's audit to stderr; `--kill-at` sends
-itself SIGKILL right after that global step (its saves may still be in flight).
+itself SIGKILL right after that global step, once the save in flight is committed.
 """
 
 from __future__ import annotations
@@ -88,6 +88,7 @@ def main() -> None:
             if (batch + 1) % 3 == 0:
                 mgr.save(epoch, state, batch=batch + 1)
             if args.kill_at is not None and int(state["step"]) == args.kill_at:
+                mgr.wait()  # the save in flight committed: the kill lands at a known position
                 os.kill(os.getpid(), signal.SIGKILL)
         mgr.save(epoch, state)
     mgr.wait()

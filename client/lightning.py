@@ -1,0 +1,132 @@
+"""`BackupAndRestore` for PyTorch Lightning: the Trainer's full checkpoint through ckptstore, and a
+killed run resumed exactly by a plain `trainer.fit(model, loader)`.
+
+trainer = L.Trainer(max_epochs=10, callbacks=[BackupAndRestore(storage="s3://…", job="lm", every_n_train_steps=100)])
+trainer.fit(model, loader)
+
+A save is the checkpoint `trainer.save_checkpoint` would write — weights, optimizers, schedulers,
+loops' progress, callbacks', the data loader's state where it has one — plus the random number
+generators, which Lightning's own checkpoints leave out (so dropout and an unseeded shuffle draw
+anew after its own resume). On a restart the callback restores the newest intact copy as the
+checkpoint Lightning loads (as if `ckpt_path=` named it) and the generators as they were at the
+save: a mid-epoch position's just before the next training step, an epoch end's before the next
+epoch's data iterator is made. A `ckpt_path=` given to `fit` wins.
+
+Exact (tested): mid-epoch positions with a resumable data loader (torchdata's `StatefulDataLoader`,
+shuffling), epoch ends with a plain `DataLoader`. Said at run time: a mid-epoch position with a plain
+`DataLoader` (Lightning restarts the epoch's data, and warns), an epoch end with a
+`StatefulDataLoader` (its restored state replays the saved epoch's order; this callback warns).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import lightning.pytorch as pl
+
+from ckptstore import Position
+from client.node import NodeCheckpointer
+from client.options import CheckpointOptions
+from client.torch.state import flatten, rng_state, set_rng_state, unflatten
+
+__all__ = ["BackupAndRestore"]
+
+log = logging.getLogger("ckptstore.client")
+TREE_KEY = "lightning_checkpoint"  # manifest metadata: the checkpoint's tree (client/torch/state.py)
+RNG = "ckptstore_rng"  # the generators, beside Lightning's own keys
+
+
+class BackupAndRestore(pl.Callback):
+    """Lightning's checkpoints through ckptstore (each epoch, or every `every_n_train_steps`), and an
+    exact resume of a restarted `fit`. Options are `CheckpointOptions`' (storage, job, service,
+    local_storage, max_to_keep, codec, …; the job defaults to CKPTSTORE_JOB, else "lightning")."""
+
+    def __init__(self, *, every_n_train_steps: int | None = None, **options: Any):
+        if every_n_train_steps is not None and (isinstance(every_n_train_steps, bool) or every_n_train_steps < 1):
+            raise ValueError(f"every_n_train_steps must be a positive integer or None, got {every_n_train_steps!r}")
+        self.every_n_train_steps = every_n_train_steps
+        self.options = CheckpointOptions.resolve(default_job="lightning", **options)
+        self.checkpointer: NodeCheckpointer | None = None
+        self._pending_rng: dict[str, Any] | None = None  # the restored position's generators, to put back
+        self._resumed_mid_epoch = False
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        self.checkpointer = NodeCheckpointer(self.options)
+        restored = self.checkpointer.start()
+        if restored is None:
+            return
+        metadata = restored.checkpoint.manifest.metadata
+        if TREE_KEY not in metadata:
+            raise ValueError("this checkpoint was not written by client.lightning.BackupAndRestore")
+        checkpoint = unflatten(json.loads(metadata[TREE_KEY]), restored.checkpoint.arrays)
+        self._pending_rng = checkpoint.pop(RNG)
+        self._resumed_mid_epoch = not restored.copy.position.is_end_of_epoch
+        loader_state = checkpoint.get("loops", {}).get("fit_loop", {}).get("state_dict", {}).get("combined_loader")
+        if not self._resumed_mid_epoch and loader_state:
+            log.warning(
+                "ckptstore: resuming %s at the end of an epoch with a resumable data loader (torchdata's "
+                "StatefulDataLoader): the next epoch's data order is not the saved run's. Mid-epoch saves "
+                "(every_n_train_steps=) resume exactly",
+                restored.copy.position,
+            )
+        _load_when_fit_resumes(trainer, checkpoint, f"ckptstore:{self.options.job}@{restored.copy.position}")
+        self.checkpointer.resumed(restored, 0.0)
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._pending_rng is not None and not self._resumed_mid_epoch:
+            set_rng_state(self._pending_rng)  # before the next epoch's data iterator is made: it draws from them
+            self._pending_rng = None
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, index: int) -> None:
+        if self._pending_rng is not None:
+            set_rng_state(self._pending_rng)
+            self._pending_rng = None
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, index: int
+    ) -> None:
+        every = self.every_n_train_steps
+        if every is not None and trainer.global_step % every == 0:
+            self._save(trainer, Position(trainer.current_epoch, index + 1))
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.every_n_train_steps is None:
+            self._save(trainer, Position(trainer.current_epoch))
+
+    def _save(self, trainer: pl.Trainer, position: Position) -> None:
+        assert self.checkpointer is not None, "setup runs first"
+        checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
+        checkpoint[RNG] = rng_state()
+        arrays: dict[str, Any] = {}
+        tree = flatten(checkpoint, "lightning", arrays)
+        # Async saves write in the background: from copies, since training goes on changing the tensors.
+        copies = {name: array.copy() for name, array in arrays.items()} if self.options.async_save else arrays
+        self.checkpointer.save(position, copies, step=trainer.global_step, metadata={TREE_KEY: json.dumps(tree)})
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage == "fit" and self.checkpointer is not None:
+            self.checkpointer.wait()
+            self.checkpointer.close()
+            self.checkpointer = None
+
+
+def _load_when_fit_resumes(trainer: pl.Trainer, checkpoint: dict[str, Any], where: str) -> None:
+    """Have this `fit` load `checkpoint` where it would load the file `ckpt_path=` names — unless a
+    `ckpt_path` was given, which wins. Lightning has no public hook for a checkpoint already in memory,
+    so its connector's `resume_start` is wrapped for the one call."""
+    connector = trainer._checkpoint_connector
+    original = connector.resume_start
+
+    def resume_start(checkpoint_path: Any = None, weights_only: Any = None) -> None:
+        connector.resume_start = original  # type: ignore[method-assign]
+        if checkpoint_path:
+            original(checkpoint_path, weights_only=weights_only)
+            return
+        connector._ckpt_path = where
+        connector._loaded_checkpoint = checkpoint
+
+    connector.resume_start = resume_start  # type: ignore[method-assign]

@@ -1,0 +1,56 @@
+"""`client.lightning.BackupAndRestore`: a Lightning `fit` (Dropout, AdamW, a shuffling loader;
+tests/lightning_job.py) SIGKILLed and run again with a plain `trainer.fit` ends bit-equal to an
+uninterrupted run — mid-epoch with torchdata's `StatefulDataLoader`, at an epoch's end with a plain
+`DataLoader`, past a corrupt newest copy; the resume that is not exact says so."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("lightning", reason="the [lightning] extra is not installed")
+
+from ckptstore import Position, Store  # noqa: E402
+from tests.job_runs import assert_same, damage_own_blob, resumed_position, run_job  # noqa: E402
+
+STEPS_PER_EPOCH = 12  # 384 samples, batches of 32; saves every 5 steps (or at each epoch's end)
+
+
+def run(tmp_path, job: str, *flags: str, kill_at: int | None = None) -> tuple[str, dict[str, np.ndarray]]:
+    return run_job(
+        "lightning_job", tmp_path, "--storage", str(tmp_path / "ckpt"), "--job", job, *flags, kill_at=kill_at
+    )
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> dict[str, dict[str, np.ndarray]]:
+    tmp_path = tmp_path_factory.mktemp("lightning-base")
+    return {"stateful": run(tmp_path, "stateful")[1], "plain": run(tmp_path, "plain", "--plain-loader")[1]}
+
+
+@pytest.mark.parametrize(
+    "flags", [(), ("--epochs-only", "--plain-loader")], ids=["mid-epoch-stateful-loader", "epoch-end-plain-loader"]
+)
+def test_a_fit_killed_resumes_bit_exactly(tmp_path, uninterrupted, flags):
+    kill_at = int(np.random.default_rng().integers(STEPS_PER_EPOCH + 6, 2 * STEPS_PER_EPOCH))  # mid epoch 1
+    run(tmp_path, "killed", *flags, kill_at=kill_at)
+    stderr, final = run(tmp_path, "killed", *flags)
+    # Steps 15 and 20 are batches 3 and 8 of epoch 1.
+    assert resumed_position(stderr) == (Position(0) if flags else Position(1, 3 if kill_at < 20 else 8))
+    assert_same(final, uninterrupted["plain" if flags else "stateful"], at_least=12)
+
+
+def test_a_corrupt_newest_copy_is_fallen_back_from(tmp_path, uninterrupted):
+    run(tmp_path, "damaged", kill_at=2 * STEPS_PER_EPOCH + 7)  # saves at steps 25 and 30: epoch 2 batches 1, 6
+    assert Store(str(tmp_path / "ckpt")).latest("damaged", "n0") == Position(2, 6)
+    damage_own_blob(str(tmp_path / "ckpt"), "damaged", Position(2, 6), Position(2, 1))
+    stderr, final = run(tmp_path, "damaged")
+    assert resumed_position(stderr) == Position(2, 1), stderr[-2000:]
+    assert_same(final, uninterrupted["stateful"], at_least=12)
+
+
+def test_an_epoch_end_resume_with_a_stateful_loader_says_it_is_not_exact(tmp_path):
+    run(tmp_path, "stateful", "--epochs-only", kill_at=STEPS_PER_EPOCH + 8)
+    stderr, _ = run(tmp_path, "stateful", "--epochs-only")
+    assert resumed_position(stderr) == Position(0)
+    assert "the next epoch's data order is not the saved run's" in stderr, stderr[-2000:]

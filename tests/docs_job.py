@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import signal
 
 import numpy as np
+
+from tests.job_runs import documented_block
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BLOCKS = {  # name: (file, the text the block follows, placeholders replaced)
@@ -35,14 +36,7 @@ BLOCKS = {  # name: (file, the text the block follows, placeholders replaced)
 
 
 def block(name: str) -> str:
-    path, after, placeholders = BLOCKS[name]
-    with open(os.path.join(ROOT, path), encoding="utf-8") as handle:
-        text = handle.read()
-    code = re.search(r"```python\n(.*?)```", text[text.index(after) :], re.S).group(1)
-    for placeholder, value in placeholders.items():
-        assert placeholder in code, f"{path}: the block after {after!r} no longer has {placeholder!r}"
-        code = code.replace(placeholder, value)
-    return code
+    return documented_block(*BLOCKS[name])
 
 
 def killer(kill_at: int | None, wait):

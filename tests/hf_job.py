@@ -1,13 +1,11 @@
-"""A Hugging Face `Trainer` run as a user writes it with `client.hf.BackupAndRestore` (run as a
-subprocess, to be SIGKILLed): a 2-layer GPT-2 built from a config (dropout on), synthetic tokens,
-the Trainer's shuffled sampler, a checkpoint every 3 steps.
+"""docs/hf.md's block run as written (as a subprocess, to be SIGKILLed), with what it assumes defined:
+a 2-layer GPT-2 built from a config (dropout on), synthetic tokens, the Trainer's shuffled sampler,
+a checkpoint every 3 steps.
 
-    python -m tests.hf_job --storage ROOT --job JOB --out OUT.npz [--kill-at STEP] [--native]
+    python -m tests.hf_job --storage ROOT --job JOB --out OUT.npz [--kill-at STEP]
 
 Writes the final weights and optimizer state to OUT.npz. `--kill-at` SIGKILLs the process once the
-Trainer finished that optimizer step (and ckptstore committed the save in flight). `--native`
-trains without ckptstore and, with `--resume`, resumes with the Trainer's own
-`resume_from_checkpoint=True` (to compare with).
+Trainer finished that optimizer step (and ckptstore committed the save in flight).
 """
 
 from __future__ import annotations
@@ -18,7 +16,9 @@ import signal
 
 import numpy as np
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+
+from tests.job_runs import documented_block
 
 TOKENS, LENGTH, VOCAB = 96, 16, 64
 
@@ -34,32 +34,18 @@ class Tokens(torch.utils.data.Dataset):
         return {"input_ids": self.ids[index], "labels": self.ids[index]}
 
 
-class KillAt(TrainerCallback):
-    def __init__(self, step: int, ckptstore_callback=None):
-        self.step, self.ckptstore_callback = step, ckptstore_callback
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step == self.step:
-            checkpointer = getattr(self.ckptstore_callback, "checkpointer", None)
-            if checkpointer is not None:
-                checkpointer.wait()
-            os.kill(os.getpid(), signal.SIGKILL)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--storage", required=True)
     parser.add_argument("--job", required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--kill-at", type=int, default=None)
-    parser.add_argument("--native", action="store_true")
-    parser.add_argument("--resume", action="store_true")
     args = parser.parse_args()
     torch.manual_seed(0)
     config = GPT2Config(vocab_size=VOCAB, n_positions=LENGTH, n_embd=32, n_layer=2, n_head=2)
     model = GPT2LMHeadModel(config)
     training = TrainingArguments(
-        output_dir=os.path.join(args.storage, "hf-output", args.job),
+        output_dir=os.path.join(os.path.dirname(args.storage), "hf-output", args.job),
         per_device_train_batch_size=8,
         num_train_epochs=3,
         save_strategy="steps",
@@ -71,17 +57,22 @@ def main() -> None:
         seed=42,
         disable_tqdm=True,
     )
-    callbacks: list[TrainerCallback] = []
-    ckptstore_callback = None
-    if not args.native:
-        from client.hf import BackupAndRestore
+    from client.hf import BackupAndRestore
 
-        ckptstore_callback = BackupAndRestore(storage=args.storage, job=args.job, node="n0")
-        callbacks.append(ckptstore_callback)
-    if args.kill_at is not None:
-        callbacks.append(KillAt(args.kill_at, ckptstore_callback))
-    trainer = Trainer(model=model, args=training, train_dataset=Tokens(), callbacks=callbacks)
-    trainer.train(resume_from_checkpoint=True if args.resume else None)
+    class Backup(BackupAndRestore):
+        """The documented callback, and a SIGKILL once step --kill-at is done and its save committed."""
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == kill_at and self.checkpointer is not None:
+                self.checkpointer.wait()
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    kill_at = args.kill_at
+    placeholders = {'"s3://ckpt/jobs"': repr(args.storage), 'job="lm"': f'job={args.job!r}, node="n0"'}
+    placeholders["from client.hf import BackupAndRestore\n"] = ""
+    namespace = {"Trainer": Trainer, "model": model, "args": training, "dataset": Tokens(), "BackupAndRestore": Backup}
+    exec(compile(documented_block("docs/hf.md", "## The callback", placeholders), "docs/hf.md", "exec"), namespace)
+    trainer = namespace["trainer"]
     state = {f"model/{k}": v.detach().numpy().copy() for k, v in model.state_dict().items()}
     for index, slots in trainer.optimizer.state_dict()["state"].items():
         state |= {f"opt/{index}/{k}": torch.as_tensor(v).numpy().copy() for k, v in slots.items()}

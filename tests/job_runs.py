@@ -33,6 +33,18 @@ def run_job(module: str, out_dir: Path, *args: str, kill_at: int | None = None) 
         return result.stderr, {key: archive[key] for key in archive.files}
 
 
+def documented_block(path: str, after: str, placeholders: dict[str, str]) -> str:
+    """The first ```python block after the text `after` in the file at `path` (relative to the project),
+    with each placeholder replaced (asserted present: a changed block fails loudly, not quietly)."""
+    with open(os.path.join(ROOT, path), encoding="utf-8") as handle:
+        text = handle.read()
+    code = re.search(r"```python\n(.*?)```", text[text.index(after) :], re.S).group(1)
+    for placeholder, value in placeholders.items():
+        assert placeholder in code, f"{path}: the block after {after!r} no longer has {placeholder!r}"
+        code = code.replace(placeholder, value)
+    return code
+
+
 def assert_same(got: dict[str, np.ndarray], want: dict[str, np.ndarray], *, at_least: int) -> None:
     """The same names, and every array the same bytes and dtype."""
     assert sorted(got) == sorted(want) and len(want) >= at_least

@@ -1,6 +1,6 @@
-"""A PyTorch Lightning run as a user writes it with `client.lightning.BackupAndRestore` (run as a
-subprocess, to be SIGKILLed): a small model with Dropout, AdamW, torchdata's `StatefulDataLoader`
-shuffling (or a plain `DataLoader` with `--plain-loader`), a checkpoint every 5 steps.
+"""docs/lightning.md's block run as written (as a subprocess, to be SIGKILLed), with what it assumes
+defined: a small model with Dropout, AdamW, torchdata's `StatefulDataLoader` shuffling (or a plain
+`DataLoader` with `--plain-loader`); a checkpoint every 5 steps (or each epoch: `--epochs-only`).
 
     python -m tests.lightning_job --storage ROOT --job JOB --out OUT.npz [--kill-at STEP] [--plain-loader]
                                   [--epochs-only]
@@ -22,6 +22,7 @@ from torch import nn
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from client.lightning import BackupAndRestore
+from tests.job_runs import documented_block
 
 
 class Regression(pl.LightningModule):
@@ -37,14 +38,15 @@ class Regression(pl.LightningModule):
         return torch.optim.AdamW(self.parameters(), lr=1e-2)
 
 
-class KillAt(pl.Callback):
-    def __init__(self, step: int, backup: BackupAndRestore):
-        self.step, self.backup = step, backup
+class Backup(BackupAndRestore):
+    """The documented callback, and a SIGKILL once step KILL_AT is done and the save in flight committed."""
 
-    def on_train_batch_end(self, trainer, *args):
-        if trainer.global_step == self.step:
-            if self.backup.checkpointer is not None:
-                self.backup.checkpointer.wait()
+    kill_at: int | None = None
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, index):
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, index)
+        if trainer.global_step == self.kill_at and self.checkpointer is not None:
+            self.checkpointer.wait()
             os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -62,21 +64,19 @@ def main() -> None:
     dataset = torch.utils.data.TensorDataset(x, x.sum(dim=1, keepdim=True) * 0.1)
     loader_type = torch.utils.data.DataLoader if args.plain_loader else StatefulDataLoader
     loader = loader_type(dataset, batch_size=32, shuffle=True)
-    backup = BackupAndRestore(
-        storage=args.storage, job=args.job, node="n0", every_n_train_steps=None if args.epochs_only else 5
-    )
-    callbacks: list[pl.Callback] = [backup] + ([] if args.kill_at is None else [KillAt(args.kill_at, backup)])
-    trainer = pl.Trainer(
-        max_epochs=3,
-        callbacks=callbacks,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        accelerator="cpu",
-    )
+    Backup.kill_at = args.kill_at
+    placeholders = {'"s3://ckpt/jobs"': repr(args.storage), 'job="lm"': f'job={args.job!r}, node="n0"'}
+    placeholders["from client.lightning import BackupAndRestore\n"] = ""
+    if args.epochs_only:
+        placeholders["every_n_train_steps=5"] = "every_n_train_steps=None"
+    code = documented_block("docs/lightning.md", "## The callback", placeholders)
     model = Regression()
-    trainer.fit(model, loader)
+    namespace = {"pl": pl, "model": model, "loader": loader, "BackupAndRestore": Backup}
+    workdir = os.path.join(os.path.dirname(args.storage), f"lightning-cwd-{args.job}")
+    os.makedirs(workdir, exist_ok=True)
+    os.chdir(workdir)  # Lightning's default logs and checkpoints go to the working directory
+    exec(compile(code, "docs/lightning.md", "exec"), namespace)
+    trainer = namespace["trainer"]
     state = {f"model/{k}": v.detach().numpy().copy() for k, v in model.state_dict().items()}
     for index, slots in trainer.optimizers[0].state_dict()["state"].items():
         state |= {f"opt/{index}/{k}": torch.as_tensor(v).numpy().copy() for k, v in slots.items()}

@@ -5,13 +5,14 @@ mid-epoch and run again, end bit-equal to an uninterrupted run, and their resume
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 import uuid
 
 import numpy as np
 import pytest
+
+from tests.job_runs import documented_block
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -47,10 +48,14 @@ def test_a_documented_loop_killed_mid_epoch_resumes_bit_exactly(block, tmp_path)
         assert resumed[key].tobytes() == want.tobytes(), key
 
 
-def test_the_readme_jax_block_is_the_documented_loop():
-    def block(path: str, after: str) -> str:
-        with open(os.path.join(ROOT, path), encoding="utf-8") as handle:
-            text = handle.read()
-        return re.search(r"```python\n(.*?)```", text[text.index(after) :], re.S).group(1)
-
-    assert block("README.md", "### 3c. JAX") == block("docs/jax.md", "## A training loop")
+@pytest.mark.parametrize(
+    "heading, doc, after",
+    [
+        ("### 3c. JAX", "docs/jax.md", "## A training loop"),
+        ("### 3d. Hugging Face", "docs/hf.md", "## The callback"),
+        ("### 3e. PyTorch Lightning", "docs/lightning.md", "## The callback"),
+    ],
+)
+def test_the_readme_framework_blocks_are_the_documented_ones(heading, doc, after):
+    """The README's blocks are the docs' blocks, which run as written (tests/docs_job.py, hf_job.py, lightning_job.py)."""
+    assert documented_block("README.md", heading, {}) == documented_block(doc, after, {})

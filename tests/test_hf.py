@@ -33,7 +33,7 @@ def uninterrupted(tmp_path_factory) -> dict[str, np.ndarray]:
 def test_a_trainer_killed_mid_epoch_on_a_machine_that_is_gone_resumes_bit_exactly(tmp_path, uninterrupted):
     kill_at = int(np.random.default_rng().integers(STEPS_PER_EPOCH + 4, 2 * STEPS_PER_EPOCH))  # mid epoch 1
     run(tmp_path, "killed", kill_at=kill_at)
-    shutil.rmtree(tmp_path / "ckpt" / "hf-output")  # the Trainer's own checkpoint folders are gone
+    shutil.rmtree(tmp_path / "hf-output")  # the Trainer's own checkpoint folders are gone
     stderr, final = run(tmp_path, "killed")
     assert resumed_position(stderr) >= Position(1, 3), stderr[-2000:]
     assert_same(final, uninterrupted, at_least=50)

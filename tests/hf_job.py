@@ -10,7 +10,6 @@ Trainer finished that optimizer step (and ckptstore committed the save in flight
 
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 
@@ -18,7 +17,7 @@ import numpy as np
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
-from tests.job_runs import documented_block
+from tests.job_runs import documented_block, job_parser
 
 TOKENS, LENGTH, VOCAB = 96, 16, 64
 
@@ -35,11 +34,7 @@ class Tokens(torch.utils.data.Dataset):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--storage", required=True)
-    parser.add_argument("--job", required=True)
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--kill-at", type=int, default=None)
+    parser = job_parser()
     args = parser.parse_args()
     torch.manual_seed(0)
     config = GPT2Config(vocab_size=VOCAB, n_positions=LENGTH, n_embd=32, n_layer=2, n_head=2)

@@ -11,7 +11,6 @@ itself SIGKILL right after that global step, once the save in flight is committe
 
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 
@@ -21,6 +20,7 @@ import numpy as np
 import optax
 
 from client.jax import CheckpointManager
+from tests.job_runs import job_parser
 
 EPOCHS, STEPS, BATCH, FEATURES, HIDDEN = 3, 8, 32, 16, 32
 
@@ -64,13 +64,9 @@ def batch_of(epoch: int, batch: int) -> tuple[jax.Array, jax.Array]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--storage", required=True)
-    parser.add_argument("--job", required=True)
-    parser.add_argument("--out", required=True)
+    parser = job_parser()
     parser.add_argument("--local", default=None)
     parser.add_argument("--endpoint", default=None)
-    parser.add_argument("--kill-at", type=int, default=None)
     args = parser.parse_args()
     options = {} if args.endpoint is None else {"endpoint_url": args.endpoint, "key": "testing", "secret": "testing"}
     mgr = CheckpointManager(

@@ -4,6 +4,7 @@ Lightning)."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import subprocess
@@ -16,6 +17,16 @@ import numpy as np
 from ckptstore import Position
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def job_parser() -> argparse.ArgumentParser:
+    """The arguments every job module takes: --storage, --job, --out, --kill-at."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--storage", required=True)
+    parser.add_argument("--job", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--kill-at", type=int, default=None)
+    return parser
 
 
 def run_job(module: str, out_dir: Path, *args: str, kill_at: int | None = None) -> tuple[str, dict[str, np.ndarray]]:

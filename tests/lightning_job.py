@@ -11,7 +11,6 @@ optimizer step is done (and ckptstore committed the save in flight).
 
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 
@@ -22,7 +21,7 @@ from torch import nn
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from client.lightning import BackupAndRestore
-from tests.job_runs import documented_block
+from tests.job_runs import documented_block, job_parser
 
 
 class Regression(pl.LightningModule):
@@ -51,11 +50,7 @@ class Backup(BackupAndRestore):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--storage", required=True)
-    parser.add_argument("--job", required=True)
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--kill-at", type=int, default=None)
+    parser = job_parser()
     parser.add_argument("--plain-loader", action="store_true")
     parser.add_argument("--epochs-only", action="store_true", help="save at each epoch's end only (the default)")
     args = parser.parse_args()

@@ -4,30 +4,18 @@ mid-epoch and run again, end bit-equal to an uninterrupted run, and their resume
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import uuid
 
 import numpy as np
 import pytest
 
-from tests.job_runs import documented_block
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.job_runs import documented_block, run_job
 
 
 def run_block(tmp_path, block: str, job: str, kill_at: int | None = None) -> tuple[str, dict[str, np.ndarray]]:
-    out = tmp_path / f"{uuid.uuid4().hex[:6]}.npz"
-    command = [sys.executable, "-m", "tests.docs_job", "--block", block, "--storage", str(tmp_path / "ckpt")]
-    command += ["--job", job, "--out", str(out)] + ([] if kill_at is None else ["--kill-at", str(kill_at)])
-    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
-    if kill_at is not None:
-        assert result.returncode == -9, result.stderr[-3000:]
-        return result.stderr, {}
-    assert result.returncode == 0, result.stderr[-3000:]
-    with np.load(out) as archive:
-        return result.stderr, {k: archive[k] for k in archive.files}
+    return run_job(
+        "docs_job", tmp_path, "--block", block, "--storage", str(tmp_path / "ckpt"), "--job", job, kill_at=kill_at
+    )
 
 
 @pytest.mark.parametrize("block", ["tf-loop", "torch-loop", "jax-loop"])

@@ -9,14 +9,17 @@ resume_check="raise" a drift refuses the restore before anything is assigned.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ckptstore import Position
 from ckptstore.errors import ResumeDriftError
 from ckptstore.fingerprint import FINGERPRINT_KEY, differences, verdict
 from ckptstore.schema import PositionBody, ResumeAudit
 
-__all__ = ["audit", "refuse_drift", "said", "mid_epoch_without_data"]
+if TYPE_CHECKING:
+    from client.node import NodeCheckpointer
+
+__all__ = ["audit", "judged", "refuse_drift", "said", "mid_epoch_without_data"]
 
 
 def mid_epoch_without_data(position: Position, live: dict[str, Any]) -> None:
@@ -40,6 +43,16 @@ def audit(position: Position, metadata: Mapping[str, Any], live: Mapping[str, An
         found = differences(saved, live)
     found = [f[:1000] for f in found[:200]]
     return ResumeAudit(position=PositionBody.of(position), verdict=verdict(found), differences=found)
+
+
+def judged(report: ResumeAudit, checkpointer: NodeCheckpointer, resume_check: str) -> ResumeAudit:
+    """Keep the restore's audit with the attempt; under resume_check="raise" a drift refuses, once its
+    audit is on record, before anything is assigned."""
+    checkpointer.report_audit(report)
+    if resume_check == "raise" and report.verdict == "drift":
+        checkpointer.reports.drain(timeout=5)
+        refuse_drift(report, checkpointer.job, checkpointer.node)
+    return report
 
 
 def refuse_drift(report: ResumeAudit, job: str, node: str) -> None:

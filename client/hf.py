@@ -23,6 +23,7 @@ import os
 import shutil
 import struct
 import sys
+import time
 from collections.abc import Mapping
 from types import FrameType
 from typing import Any
@@ -33,9 +34,12 @@ from transformers import TrainerCallback
 
 from ckptstore import Position
 from ckptstore.errors import ResumeRefusedError
+from ckptstore.fingerprint import FINGERPRINT_KEY
 from ckptstore.shard import numpy_dtype
+from client.audit import audit, judged
 from client.node import NodeCheckpointer
 from client.options import CheckpointOptions
+from client.torch.fingerprint import fingerprint
 
 __all__ = ["BackupAndRestore"]
 
@@ -103,6 +107,34 @@ def unpack_folder(arrays: Mapping[str, np.ndarray], files: Mapping[str, Any], fo
                 handle.write(np.ascontiguousarray(part).view(np.uint8).reshape(-1).data)
 
 
+def _length(dataset: Any) -> int | None:
+    try:
+        return len(dataset)
+    except TypeError:
+        return None
+
+
+def _fingerprint(model: Any, args: Any, length: int | None) -> dict[str, Any]:
+    """The run as the resume audit compares it: the model's arrays, the world, the seed, and the data
+    as the Trainer draws it (batch size, dataset length, data seed)."""
+    record = fingerprint(
+        {"model": model},
+        {"model": model.state_dict()},
+        world=(args.world_size, args.process_index),
+        seed=args.seed,
+        rank_seeds=None,
+    )
+    record["framework"]["versions"]["transformers"] = transformers.__version__
+    seed = args.data_seed if args.data_seed is not None else args.seed
+    record["data"]["trainer"] = {
+        "type": "Trainer",
+        "batch_size": args.per_device_train_batch_size,
+        "length": length,
+        "seed": seed,
+    }
+    return record
+
+
 def _calling_trainer() -> transformers.Trainer | None:
     """The Trainer whose construction is calling this callback's `on_init_end`."""
     frame: FrameType | None = sys._getframe(1)
@@ -125,7 +157,7 @@ class BackupAndRestore(TrainerCallback):
         self.options = CheckpointOptions.resolve(default_job="hf", **options)
         self.checkpointer: NodeCheckpointer | None = None
         self._steps_per_epoch = 1
-        self._wrapped = False
+        self._length: int | None = None
 
     def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         trainer = _calling_trainer()
@@ -135,14 +167,15 @@ class BackupAndRestore(TrainerCallback):
         original = trainer.train
 
         def train(resume_from_checkpoint: str | bool | None = None, **more: Any) -> Any:
-            staged = self._start(trainer.args) if resume_from_checkpoint in (None, False) else None
+            staged = self._start(trainer) if resume_from_checkpoint in (None, False) else None
             return original(resume_from_checkpoint=staged or resume_from_checkpoint, **more)
 
         trainer.train = train  # type: ignore[method-assign,assignment]
-        self._wrapped = True
 
-    def _start(self, args: Any) -> str | None:
-        """Register and restore the newest intact copy into a folder the Trainer resumes from (None: fresh)."""
+    def _start(self, trainer: transformers.Trainer) -> str | None:
+        """Register and restore the newest intact copy into a folder the Trainer resumes from (None:
+        fresh), after its resume audit against the Trainer's model, arguments and dataset."""
+        started = time.perf_counter()
         self.checkpointer = NodeCheckpointer(self.options)
         restored = self.checkpointer.start()
         if restored is None:
@@ -150,10 +183,14 @@ class BackupAndRestore(TrainerCallback):
         metadata = restored.checkpoint.manifest.metadata
         if LAYOUT_KEY not in metadata:
             raise ValueError("this checkpoint was not written by client.hf.BackupAndRestore")
-        folder = os.path.join(args.output_dir, STAGING, f"checkpoint-{metadata['global_step']}")
+        report = None
+        if self.options.resume_check != "off":
+            live = _fingerprint(trainer.model, trainer.args, _length(trainer.train_dataset))
+            report = judged(audit(restored.copy.position, metadata, live), self.checkpointer, self.options.resume_check)
+        folder = os.path.join(str(trainer.args.output_dir), STAGING, f"checkpoint-{metadata['global_step']}")
         shutil.rmtree(folder, ignore_errors=True)
         unpack_folder(restored.checkpoint.arrays, metadata[LAYOUT_KEY], folder)
-        self.checkpointer.resumed(restored, 0.0)
+        self.checkpointer.resumed(restored, time.perf_counter() - started, report)
         return folder
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -168,6 +205,7 @@ class BackupAndRestore(TrainerCallback):
         loader = kwargs.get("train_dataloader")
         if loader is not None:
             self._steps_per_epoch = max(len(loader) // max(args.gradient_accumulation_steps, 1), 1)
+            self._length = _length(getattr(loader, "dataset", None))
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """The Trainer has just written checkpoint-<global_step>: save it through ckptstore."""
@@ -179,6 +217,8 @@ class BackupAndRestore(TrainerCallback):
         epoch, batch = divmod(state.global_step, self._steps_per_epoch)
         position = Position(epoch - 1) if batch == 0 and epoch > 0 else Position(epoch, batch)
         metadata = {LAYOUT_KEY: files, "global_step": state.global_step}
+        if "model" in kwargs:
+            metadata[FINGERPRINT_KEY] = _fingerprint(kwargs["model"], args, self._length)
         self.checkpointer.save(position, arrays, step=state.global_step, metadata=metadata)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:

@@ -22,13 +22,18 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from typing import Any
 
 import lightning.pytorch as pl
+import torch
 
 from ckptstore import Position
+from ckptstore.fingerprint import FINGERPRINT_KEY
+from client.audit import audit, judged
 from client.node import NodeCheckpointer
 from client.options import CheckpointOptions
+from client.torch.fingerprint import fingerprint
 from client.torch.state import flatten, rng_state, set_rng_state, unflatten
 
 __all__ = ["BackupAndRestore"]
@@ -55,6 +60,7 @@ class BackupAndRestore(pl.Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
+        started = time.perf_counter()
         self.checkpointer = NodeCheckpointer(self.options)
         restored = self.checkpointer.start()
         if restored is None:
@@ -62,6 +68,10 @@ class BackupAndRestore(pl.Callback):
         metadata = restored.checkpoint.manifest.metadata
         if TREE_KEY not in metadata:
             raise ValueError("this checkpoint was not written by client.lightning.BackupAndRestore")
+        report = None
+        if self.options.resume_check != "off":
+            live = _fingerprint(trainer, pl_module)
+            report = judged(audit(restored.copy.position, metadata, live), self.checkpointer, self.options.resume_check)
         checkpoint = unflatten(json.loads(metadata[TREE_KEY]), restored.checkpoint.arrays)
         self._pending_rng = checkpoint.pop(RNG)
         self._resumed_mid_epoch = not restored.copy.position.is_end_of_epoch
@@ -74,7 +84,7 @@ class BackupAndRestore(pl.Callback):
                 restored.copy.position,
             )
         _load_when_fit_resumes(trainer, checkpoint, f"ckptstore:{self.options.job}@{restored.copy.position}")
-        self.checkpointer.resumed(restored, 0.0)
+        self.checkpointer.resumed(restored, time.perf_counter() - started, report)
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._pending_rng is not None and not self._resumed_mid_epoch:
@@ -105,13 +115,29 @@ class BackupAndRestore(pl.Callback):
         tree = flatten(checkpoint, "lightning", arrays)
         # Async saves write in the background: from copies, since training goes on changing the tensors.
         copies = {name: array.copy() for name, array in arrays.items()} if self.options.async_save else arrays
-        self.checkpointer.save(position, copies, step=trainer.global_step, metadata={TREE_KEY: json.dumps(tree)})
+        metadata = {TREE_KEY: json.dumps(tree), FINGERPRINT_KEY: _fingerprint(trainer, trainer.lightning_module)}
+        self.checkpointer.save(position, copies, step=trainer.global_step, metadata=metadata)
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage == "fit" and self.checkpointer is not None:
             self.checkpointer.wait()
             self.checkpointer.close()
             self.checkpointer = None
+
+
+def _fingerprint(trainer: pl.Trainer, module: pl.LightningModule) -> dict[str, Any]:
+    """The run as the resume audit compares it: the module's arrays, the world, the seed, and the data
+    loader's kind, batch size and dataset length (once Lightning has set it up)."""
+    world = (trainer.world_size, trainer.global_rank)
+    record = fingerprint(
+        {"model": module}, {"model": module.state_dict()}, world=world, seed=torch.initial_seed(), rank_seeds=None
+    )
+    record["framework"]["versions"]["lightning"] = pl.__version__
+    loader = trainer.train_dataloader
+    if loader is not None and hasattr(loader, "batch_size") and hasattr(loader, "dataset"):
+        length = len(loader.dataset) if hasattr(loader.dataset, "__len__") else None
+        record["data"]["loader"] = {"type": type(loader).__name__, "batch_size": loader.batch_size, "length": length}
+    return record
 
 
 def _load_when_fit_resumes(trainer: pl.Trainer, checkpoint: dict[str, Any], where: str) -> None:

@@ -15,7 +15,7 @@ import numpy as np
 from ckptstore import Position, tracing
 from ckptstore.copies import Restored
 from ckptstore.schema import ResumeAudit
-from client.audit import audit, mid_epoch_without_data, refuse_drift
+from client.audit import audit, judged, mid_epoch_without_data
 from client.cadence import SaveCadence, SaveEvery
 from client.identity import NodeIdentity
 from client.node import NodeCheckpointer
@@ -118,12 +118,7 @@ class LoopManager:
         resume_check="raise" a drift refuses here, before anything is assigned."""
         if self.options.resume_check == "off":
             return None
-        report = self._audit_of(restored)
-        self.checkpointer.report_audit(report)
-        if self.options.resume_check == "raise" and report.verdict == "drift":
-            self.checkpointer.reports.drain(timeout=5)  # the refused resume's audit is on record before it raises
-            refuse_drift(report, self.checkpointer.job, self.checkpointer.node)
-        return report
+        return judged(self._audit_of(restored), self.checkpointer, self.options.resume_check)
 
     def _audit_of(self, restored: Restored) -> ResumeAudit:
         checkpoint, position = restored.checkpoint, restored.copy.position

@@ -37,6 +37,7 @@ def test_a_fit_killed_resumes_bit_exactly(tmp_path, uninterrupted, flags):
     stderr, final = run(tmp_path, "killed", *flags)
     # Steps 15 and 20 are batches 3 and 8 of epoch 1.
     assert resumed_position(stderr) == (Position(0) if flags else Position(1, 3 if kill_at < 20 else 8))
+    assert "resume audit: exact" in stderr, stderr[-2000:]
     assert_same(final, uninterrupted["plain" if flags else "stateful"], at_least=12)
 
 

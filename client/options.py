@@ -111,9 +111,9 @@ class CheckpointOptions:
     restore_timeout_s: how long a restore waits for every node of the job to verify the same position.
     codec: store the durable tier's blobs encoded, "bytegroup-zstd" (default CKPTSTORE_CODEC; None: plain
         safetensors): lossless, about 1.46× smaller bf16 weights and 1.19× fp32 optimizer moments, at
-        0.6-0.8 GB/s a stream to encode — worth it only where the durable tier is slower than that (a
-        remote object store over a modest link); with `local_storage`, replication encodes in the
-        background and the local tier stays plain. A blob that would not shrink is stored plain.
+        about 0.3 GB/s a stream to encode here — worth it only where the durable tier is slower than
+        that (a remote object store over a modest link); with `local_storage`, replication encodes in
+        the background and the local tier stays plain. A blob that would not shrink is stored plain.
     fork_from: start this job from another job's checkpoint, "job@epoch" or "job@epoch.bBATCH" (default
         CKPTSTORE_FORK_FROM), while it has none of its own: each node resumes from the parent's copy of
         the same node there, and its first save writes only what changed (`client.fork`).

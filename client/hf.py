@@ -211,7 +211,10 @@ class BackupAndRestore(TrainerCallback):
         """The Trainer has just written checkpoint-<global_step>: save it through ckptstore."""
         assert self.checkpointer is not None, "on_train_begin runs first"
         folder = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
-        if not os.path.isdir(folder) or not args.should_save:
+        if not args.should_save:
+            return
+        if not os.path.isdir(folder):
+            log.warning("ckptstore: the Trainer's checkpoint %s is not there: this save is not in ckptstore", folder)
             return
         arrays, files = pack_folder(folder)
         epoch, batch = divmod(state.global_step, self._steps_per_epoch)

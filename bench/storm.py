@@ -8,11 +8,13 @@ PostgreSQL at 64 connections on the batch route.
 - storm: the job is declared with `--nodes` nodes, each of which committed epoch 0 (epoch 0 is
   good). Then every node at once, one keep-alive connection each (raw HTTP/1.1, asyncio: the client
   costs little CPU), makes a restarting `NodeCheckpointer`'s requests: `GET /v1/jobs/{job}` (the
-  declared-job check), `GET …/checkpoints?node=` (the copies the service knows), `POST
-  …/nodes/{node}/attempts`, `GET …/last-good-epoch?node=` — **its answer is the node's resume position:
-  the "first answer"** —, `PUT …/attempts/{n}` (where it resumed), then `GET
-  …/resume-agreement?wait_s=20` until every node agreed (the service holds each request until then:
-  `server.agreement`). A connection the service closed is opened again (as httpx's pool does), and counted. Per node, seconds from the storm's start to its first answer and to the agreement:
+  declared-job check at construction), `POST …/nodes/{node}/start` (registers the attempt and answers
+  the node's part of the last-good answer in one request: client.startup.start_in_one_request) —
+  **its answer is the node's resume position: the "first answer"** —, `PUT …/attempts/{n}` (where it
+  resumed), then `GET …/resume-agreement?wait_s=20` until every node agreed (the service holds each
+  request until then: `server.agreement`). A connection the service closed is opened again (as
+  httpx's pool does), and counted. Per node, seconds from the storm's start to its first answer and
+  to the agreement:
   p50 / p99 / max, and the statuses. Setups: SQLite with 1 service process; PostgreSQL with 1, and
   3 replicas (1 process each) behind Debian's nginx (SQLite is one file on one machine: replicas
   need PostgreSQL, docs/operations.md).
@@ -115,13 +117,15 @@ async def restart(port: int, node: str, began: float, statuses: Counter) -> tupl
     """One node's restart, as a NodeCheckpointer makes it: seconds to its resume position, to agreement."""
     connection = Connection(port, statuses)
     try:
-        await connection.ask(request("GET", f"/v1/jobs/{JOB}"))
-        await connection.ask(request("GET", f"/v1/jobs/{JOB}/checkpoints?node={node}&limit=1000&offset=0"))
+        declared = await connection.ask(request("GET", f"/v1/jobs/{JOB}"))
         key = f"Idempotency-Key: {node}-storm\r\n"
-        attempt = await connection.ask(request("POST", f"/v1/jobs/{JOB}/nodes/{node}/attempts", {}, key))
-        resume = (await connection.ask(request("GET", f"/v1/jobs/{JOB}/last-good-epoch?node={node}")))["resume"]
+        stored = [{"epoch": 0, "attempt": "1"}]  # what the node lists on its storage
+        body = {"declared_at": declared["updated_at"], "stored": stored}
+        start = await connection.ask(request("POST", f"/v1/jobs/{JOB}/nodes/{node}/start", body, key))
         first_answer = time.perf_counter() - began
-        number = attempt["attempt"]
+        if start["attempt"] is None:
+            raise RuntimeError(f"the start was declined: {start['refused']}")
+        number, resume = start["attempt"]["attempt"], start["resume"]["resume"]
         await connection.ask(request("PUT", f"/v1/jobs/{JOB}/nodes/{node}/attempts/{number}", {"resumed_from": resume}))
         wait = f"/v1/jobs/{JOB}/resume-agreement?wait_s={AGREEMENT_WAIT_S:g}"
         while not (await connection.ask(request("GET", wait)))["agreed"]:

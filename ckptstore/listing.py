@@ -34,6 +34,7 @@ __all__ = [
     "refuse_foreign",
     "refuse_case_twins",
     "list_checkpoints",
+    "manifest_keys",
     "highest_attempt",
 ]
 
@@ -123,20 +124,7 @@ def list_checkpoints(
 ) -> list[CheckpointInfo]:
     """Every attempt prefix of a node on storage, committed or not, ordered by position and attempt —
     but those in `skip` (whose manifests are then not even read)."""
-    validate_name(job, kind="job")
-    validate_name(node, kind="node")
-    groups: dict[tuple[Position, str], list[StoredFile]] = {}
-    for stored in storage.find(f"{job}/{node}"):
-        parts = stored.relpath.split("/")
-        if len(parts) != 3:
-            continue
-        position = parse_position_dirname(parts[0])
-        try:
-            attempt = validate_attempt(parts[1])
-        except ValueError:
-            continue
-        if position is not None:
-            groups.setdefault((position, attempt), []).append(stored)
+    groups = _attempt_prefixes(storage, job, node)
     keys = {group: CopyKey(job, node, group[0], group[1], tier) for group in groups}
     keys = {group: key for group, key in keys.items() if key not in skip}
     groups = {group: files for group, files in groups.items() if group in keys}
@@ -169,6 +157,38 @@ def list_checkpoints(
             )
         )
     return sorted(infos, key=lambda i: (i.key.position, i.key.attempt_order))
+
+
+def manifest_keys(storage: Storage, job: str, node: str, *, tier: Tier) -> list[CopyKey]:
+    """The copies of a node whose prefix holds a manifest (committed, as far as names tell), from one
+    listing and without reading a manifest."""
+    return sorted(
+        (
+            CopyKey(job, node, position, attempt, tier)
+            for (position, attempt), files in _attempt_prefixes(storage, job, node).items()
+            if any(f.relpath.endswith("/" + MANIFEST_NAME) for f in files)
+        ),
+        key=lambda key: (key.position, key.attempt_order),
+    )
+
+
+def _attempt_prefixes(storage: Storage, job: str, node: str) -> dict[tuple[Position, str], list[StoredFile]]:
+    """The files of a node, by the (position, attempt) prefix holding them."""
+    validate_name(job, kind="job")
+    validate_name(node, kind="node")
+    groups: dict[tuple[Position, str], list[StoredFile]] = {}
+    for stored in storage.find(f"{job}/{node}"):
+        parts = stored.relpath.split("/")
+        if len(parts) != 3:
+            continue
+        position = parse_position_dirname(parts[0])
+        try:
+            attempt = validate_attempt(parts[1])
+        except ValueError:
+            continue
+        if position is not None:
+            groups.setdefault((position, attempt), []).append(stored)
+    return groups
 
 
 def _parses(data: bytes) -> bool:

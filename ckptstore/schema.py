@@ -42,6 +42,9 @@ __all__ = [
     "NodeLocation",
     "NotGood",
     "LastGood",
+    "StoredCopy",
+    "StartRequest",
+    "NodeStart",
     "PlannedDeletion",
     "RetentionPlan",
     "ErrorBody",
@@ -330,6 +333,34 @@ class LastGood(BaseModel):
     resume: PositionBody | None
     nodes: dict[str, NodeLocation]
     not_good: list[NotGood]
+
+
+class StoredCopy(RequestModel):
+    """A committed copy that a starting node found on its own storage."""
+
+    epoch: Count
+    batch: Count | None = None
+    attempt: AttemptId
+    tier: Tier = "durable"
+
+
+class StartRequest(RequestModel):
+    """A node's start in one request: the job's declaration as the node checked it (its `updated_at`)
+    and the committed copies it holds on storage. The service registers a new attempt only while that
+    declaration is the job's and it knows every copy listed; else it changes nothing and says why."""
+
+    declared_at: Finite
+    stored: list[StoredCopy] = Field(default_factory=list, max_length=100_000)
+
+
+class NodeStart(BaseModel):
+    """The answer to a start: the new attempt and the node's part of the last-good answer — or, with
+    `attempt` null, why nothing was registered (`unknown`: the listed copies the service lacks)."""
+
+    attempt: AttemptInfo | None
+    refused: str | None = None
+    unknown: list[StoredCopy] = Field(default_factory=list)
+    resume: LastGood | None = None
 
 
 class PlannedDeletion(BaseModel):

@@ -64,9 +64,8 @@ class Store:
     ):
         if shard_size < 1 or concurrency < 1:
             raise ValueError("shard_size and concurrency must be positive")
-        self.codec = check_codec(codec)
+        self.codec, self.tier = check_codec(codec), tier
         self.url, self.shard_size, self.concurrency = normalize_root(url), shard_size, concurrency
-        self.tier: Tier = tier
         self._storage: Storage = open_storage(self.url, storage_options)
         self._bases = blobs.Bases()
 
@@ -138,8 +137,7 @@ class Store:
 
     def latest(self, job: str, node: str) -> Position | None:
         """The highest committed position, or None."""
-        positions = self.list_positions(job, node)
-        return positions[-1] if positions else None
+        return max(self.list_positions(job, node), default=None)
 
     def verify(
         self, job: str, node: str, epoch: int, *, batch: int | None = None, attempt: str | int | None = None
@@ -286,11 +284,8 @@ class Store:
         return VerifyReport(key, location, committed=True, problems=tuple(problems), bytes_checked=checked)
 
     def delete_copy(self, key: CopyKey) -> str:
-        """Delete one copy; returns its location.
-
-        The manifest goes first, so a crash mid-delete leaves an uncommitted leftover, never a
-        committed checkpoint with missing shards.
-        """
+        """Delete one copy; returns its location. The manifest goes first, so a crash mid-delete leaves an
+        uncommitted leftover, never a committed checkpoint with missing shards."""
         listing.refuse_foreign(self._storage, key, self.location(key))
         return self._delete(key)
 
@@ -387,13 +382,16 @@ class Store:
             self._storage, self.url, job, node, tier=self.tier, concurrency=self.concurrency, skip=skip
         )
 
-    def exists(self) -> bool:
-        """Whether the root is there at all (a folder, a bucket prefix with objects)."""
-        return self._storage.exists("")
-
     def next_attempt(self, job: str, node: str) -> str:
         """An offline attempt id: the highest attempt number on storage for this node + 1, random suffix."""
         return new_offline_attempt(self.highest_attempt(job, node))
+
+    def manifest_keys(self, job: str, node: str) -> list[CopyKey]:  # one listing, no manifest read
+        return listing.manifest_keys(self._storage, job, node, tier=self.tier)
+
+    def exists(self) -> bool:
+        """Whether the root is there at all (a folder, a bucket prefix with objects)."""
+        return self._storage.exists("")
 
     def highest_attempt(self, job: str, node: str) -> int:
         """The highest attempt number stored for a node at any position (0 when there is none)."""

@@ -30,7 +30,7 @@ from ckptstore.errors import (
     StorageUnavailableError,
 )
 from ckptstore.names import Tier, new_offline_attempt
-from ckptstore.schema import JobInfo, MarkCause, MarkState, ResumeAudit
+from ckptstore.schema import JobInfo, LastGood, MarkCause, MarkState, ResumeAudit
 from client.audit import said
 from client.fork import restore_fork
 from client.identity import NodeIdentity, resolve_identity
@@ -43,11 +43,10 @@ from client.service import ServiceClient
 from client.startup import (
     check_job,
     check_resume,
-    declare_job,
     fresh_anyway,
     highest_attempt_on_storage,
     probe_tiers,
-    record_unknown_copies,
+    register_start,
 )
 from client.wire import Commit, recordable
 from client.writer import SYNC_RETRY_S, BackgroundWriter, SaveCounts, write_retrying
@@ -77,6 +76,7 @@ class NodeCheckpointer:
         self.fenced = False
         self.saves = SaveCounts()
         self.declared: JobInfo | None = None  # the job as the service has it, once known
+        self._answered: LastGood | None = None  # the last-good answer a one-request start brought
         self._writer = BackgroundWriter() if self.options.async_save else None
         self.reports = Reports(self.client, self.job, self.node)
         self._retention = (
@@ -140,11 +140,9 @@ class NodeCheckpointer:
         if self.client is not None:
             try:
                 local_root = None if self.local_store is None else self.local_store.url
-                self.declared = declare_job(
-                    self.client, self.options, self.identity, self.store.url, local_root, known=self.declared
+                self.declared, self.attempt, self._answered = register_start(
+                    self.client, self.options, self.identity, self.declared, self.tiers, local_root
                 )
-                record_unknown_copies(self.client, self.job, self.node, self.tiers)
-                self.attempt = self.client.start_attempt(self.job, self.node)
             except ServiceUnavailableError as exc:
                 log.warning("service unreachable (%s): continuing with an offline attempt", exc)
         if self.attempt is None:
@@ -161,6 +159,7 @@ class NodeCheckpointer:
             client=self.client,
             attempt=self.attempt if self.writes else None,
             timeout_s=self.options.restore_timeout_s,
+            answered=self._answered,
         )
         with tracing.span("ckptstore.restore.read", job=self.job, node=self.node) as span:
             try:

@@ -28,7 +28,7 @@ from ckptstore.errors import (
     StorageUnavailableError,
 )
 from ckptstore.names import Tier
-from ckptstore.schema import SkippedCopy
+from ckptstore.schema import LastGood, SkippedCopy
 from client.service import ServiceClient
 
 __all__ = ["Restorer", "NothingToRestoreError", "AGREEMENT_WAIT_S"]
@@ -62,9 +62,11 @@ class Restorer:
         client: ServiceClient | None,
         attempt: str | None,
         timeout_s: float,
+        answered: LastGood | None = None,
     ):
         self.job, self.node, self.tiers = job, node, tiers
         self.client, self.attempt, self.timeout_s = client, attempt, timeout_s
+        self.answered = answered  # the service's answer the start brought: the first position asked is answered
         self.skipped: list[Skipped] = []
 
     def restore(self) -> Restored | None:
@@ -116,8 +118,9 @@ class Restorer:
                 return replace(restored, skipped=tuple(self.skipped))
 
     def _resume_position(self, client: ServiceClient) -> Position | None:
+        answered, self.answered = self.answered, None
         try:
-            resume = client.last_good_epoch(self.job, node=self.node).resume
+            resume = (answered or client.last_good_epoch(self.job, node=self.node)).resume
         except CheckpointNotFoundError:
             return None  # the job is not declared yet: a fresh start
         return None if resume is None else resume.to_position()

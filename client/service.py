@@ -41,6 +41,7 @@ from ckptstore.schema import (
     MarkCause,
     MarkRequest,
     MarkState,
+    NodeStart,
     PositionBody,
     ResumeAgreement,
     ResumeAudit,
@@ -48,6 +49,7 @@ from ckptstore.schema import (
     RetentionPlan,
     RetentionSpec,
     SkippedCopy,
+    StartRequest,
 )
 from ckptstore.telemetry_schema import (
     Advice,
@@ -234,6 +236,12 @@ class ServiceClient:
             headers={"Idempotency-Key": uuid.uuid4().hex},  # a retry after a lost answer gets the same attempt
             parse=lambda b: AttemptInfo.model_validate(b).attempt,
         )
+
+    def start_node(self, job: str, node: str, start: StartRequest) -> NodeStart:
+        """A node's start in one request: a new attempt and the node's part of the last-good answer, or
+        why the service registered nothing (`server.routes.attempts.start_node`)."""
+        path, key = self._node_path(job, node) + "/start", uuid.uuid4().hex  # a retry gets the same attempt
+        return self._call("POST", path, body=start, headers={"Idempotency-Key": key}, parse=NodeStart.model_validate)
 
     def report_resume(
         self, job: str, node: str, attempt: str, *, resumed_from: Position | None, skipped: list[SkippedCopy]

@@ -24,6 +24,8 @@ import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from pydantic import ValidationError
+
 from ckptstore import CheckpointRef, Position, Store
 from ckptstore.errors import (
     CheckpointNotFoundError,
@@ -35,7 +37,7 @@ from ckptstore.errors import (
     StorageUnavailableError,
 )
 from ckptstore.names import Tier
-from ckptstore.schema import JobInfo, NotGood
+from ckptstore.schema import JobInfo, LastGood, NodeStart, NotGood, StartRequest, StoredCopy
 from client.identity import NodeIdentity
 from client.operations import iter_attempts, iter_records
 from client.options import CheckpointOptions
@@ -51,6 +53,9 @@ __all__ = [
     "check_resume",
     "fresh_anyway",
     "declare_job",
+    "declaration_changes",
+    "register_start",
+    "start_in_one_request",
     "probe_tiers",
     "record_unknown_copies",
     "refuse_fresh_start",
@@ -110,31 +115,100 @@ def declare_job(
     process says explicitly: `nodes=` replaces the expected nodes (never grown behind the user's back),
     `max_to_keep` the retention, `local_storage` the local tier. Returns the job as declared now.
     `known`: the job as this process just read it (one request less per node in a restart storm)."""
-    node, keep_last, parent = identity.checkpoint_node, options.max_to_keep, options.parent
     try:
         info = known or client.get_job(options.job)
     except CheckpointNotFoundError:
-        retention = {"keep_last": keep_last} if keep_last else None
-        nodes = options.expected_nodes(node)
+        keep_last = options.max_to_keep
         return client.put_job(
-            options.job, nodes, storage_root=storage, local_root=local_root, retention=retention, parent=parent
+            options.job,
+            options.expected_nodes(identity.checkpoint_node),
+            storage_root=storage,
+            local_root=local_root,
+            retention={"keep_last": keep_last} if keep_last else None,
+            parent=options.parent,
         )
-    nodes = options.expected_nodes(node) if options.nodes is not None else info.nodes
-    check_job(info, identity=identity, nodes=nodes, storage=storage)
-    if parent is not None and info.parent is not None and parent != info.parent:
-        raise ConfigurationError(f"job {options.job!r} was forked from {info.parent}, not {parent} (fork_from=)")
-    retention = info.retention.model_dump()
-    wanted = (sorted(nodes), local_root or info.local_root, keep_last)
-    if wanted == (sorted(info.nodes), info.local_root, retention["keep_last"]) and (parent is None or info.parent):
+    changes = declaration_changes(info, options, identity, storage, local_root)
+    if changes is None:
         return info
+    nodes, local_root = changes
+    retention = info.retention.model_dump() | {"keep_last": options.max_to_keep}
     return client.put_job(
         options.job,
         nodes,
         storage_root=info.storage_root,
-        local_root=wanted[1],
-        retention=retention | {"keep_last": wanted[2]},
-        parent=parent,
+        local_root=local_root,
+        retention=retention,
+        parent=options.parent,
     )
+
+
+def declaration_changes(
+    info: JobInfo, options: CheckpointOptions, identity: NodeIdentity, storage: str, local_root: str | None
+) -> tuple[list[str], str | None] | None:
+    """Check that this process can take part in the job as declared (`check_job`, the fork's parent);
+    None when the declaration already says what the process does, else the expected nodes and local
+    root to declare it with."""
+    nodes = options.expected_nodes(identity.checkpoint_node) if options.nodes is not None else info.nodes
+    check_job(info, identity=identity, nodes=nodes, storage=storage)
+    parent = options.parent
+    if parent is not None and info.parent is not None and parent != info.parent:
+        raise ConfigurationError(f"job {options.job!r} was forked from {info.parent}, not {parent} (fork_from=)")
+    wanted = (sorted(nodes), local_root or info.local_root, options.max_to_keep)
+    if wanted == (sorted(info.nodes), info.local_root, info.retention.keep_last) and (parent is None or info.parent):
+        return None
+    return nodes, wanted[1]
+
+
+def register_start(
+    client: ServiceClient,
+    options: CheckpointOptions,
+    identity: NodeIdentity,
+    known: JobInfo | None,
+    tiers: Mapping[Tier, Store],
+    local_root: str | None,
+) -> tuple[JobInfo, str, LastGood | None]:
+    """Make this start known to the service: the job as declared now, this start's attempt, and the
+    node's part of the last-good answer when the start took one request (`start_in_one_request`);
+    else the long way — declare or check the job, record the node's unknown copies, register."""
+    started = start_in_one_request(client, options, identity, known, tiers, local_root)
+    if known is not None and started is not None and started.attempt is not None:
+        return known, started.attempt.attempt, started.resume
+    node, durable = identity.checkpoint_node, tiers["durable"].url
+    declared = declare_job(client, options, identity, durable, local_root, known=known)
+    record_unknown_copies(client, options.job, node, tiers)
+    return declared, client.start_attempt(options.job, node), None
+
+
+def start_in_one_request(
+    client: ServiceClient,
+    options: CheckpointOptions,
+    identity: NodeIdentity,
+    known: JobInfo | None,
+    tiers: Mapping[Tier, Store],
+    local_root: str | None,
+) -> NodeStart | None:
+    """Register this start and get the node's part of the last-good answer in one request (what keeps a
+    restart storm short) when nothing has to change first: the job is declared as this process would
+    declare it (`known`, read at construction) and the service records every copy on this node's
+    storage. None: the long way is to be taken — declare, record, register — as with a service older
+    than the start route, or one that declined (it then changed nothing)."""
+    durable = tiers["durable"].url
+    if known is None or declaration_changes(known, options, identity, durable, local_root) is not None:
+        return None
+    node = identity.checkpoint_node
+    try:
+        keys = [key for store in tiers.values() for key in store.manifest_keys(options.job, node)]
+    except StorageUnavailableError:
+        return None  # the long way says which tier is away
+    stored = [StoredCopy(epoch=k.position.epoch, batch=k.position.batch, attempt=k.attempt, tier=k.tier) for k in keys]
+    try:
+        started = client.start_node(options.job, node, StartRequest(declared_at=known.updated_at, stored=stored))
+    except (CheckpointNotFoundError, ValidationError):  # an older service; more copies than a request lists
+        return None
+    if started.attempt is None:
+        log.info("%s/%s starts the long way: %s", options.job, node, started.refused)
+        return None
+    return started
 
 
 def probe_tiers(tiers: Mapping[Tier, Store]) -> None:

@@ -18,7 +18,16 @@ from sqlalchemy.orm import Session
 
 from ckptstore.names import ATTEMPT_LIMIT
 from ckptstore.position import Position
-from ckptstore.schema import AttemptInfo, PositionBody, ResumeAgreement, ResumeAudit, ResumeReport, SkippedCopy
+from ckptstore.schema import (
+    AttemptInfo,
+    PositionBody,
+    ResumeAgreement,
+    ResumeAudit,
+    ResumeReport,
+    SkippedCopy,
+    StartRequest,
+    StoredCopy,
+)
 from server import held, queries
 from server.errors import ApiError
 from server.events import emit
@@ -28,6 +37,7 @@ from server.paging import Page
 from server.records import require_node
 
 __all__ = [
+    "start_refusal",
     "start_attempt",
     "read_attempt_numbers",
     "attempt_info",
@@ -89,6 +99,22 @@ def start_attempt(
     if registered:
         emit(session, "node.fenced", job.name, node=node, attempt=str(registered), by=str(attempt.number))
     return attempt
+
+
+def start_refusal(session: Session, job: Job, node: str, start: StartRequest) -> tuple[str | None, list[StoredCopy]]:
+    """Why a one-request start must not register a new attempt (None: it may), and the copies it listed
+    that have no record: the job was declared again since the node checked its declaration, or its
+    storage holds copies the service never recorded (they must be recorded before a new attempt
+    fences theirs)."""
+    if job.updated_at != start.declared_at:
+        return "the job's declaration changed since this node read it", []
+    if not start.stored:
+        return None, []
+    columns = select(Checkpoint.epoch, Checkpoint.batch_key, Checkpoint.attempt, Checkpoint.tier)
+    rows = session.execute(columns.where(Checkpoint.job_id == job.id, Checkpoint.node == node))
+    recorded = {tuple(row) for row in rows}
+    unknown = [c for c in start.stored if (c.epoch, batch_key(c.batch), c.attempt, c.tier) not in recorded]
+    return ("this node holds copies the service has no record of" if unknown else None), unknown
 
 
 def _asked(resumed_from: Position | None, at_least: int | None) -> str:

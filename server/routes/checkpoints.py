@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
@@ -18,11 +17,9 @@ from ckptstore.schema import (
     MarkRequest,
 )
 from server import records
-from server.answers import AnswerCache
-from server.db import Database
+from server.answers import last_good_answer
 from server.deps import DbDep, JobName, NodeName, PageDep, WritesDep, checked_name
 from server.errors import COMMON_ERRORS, error_responses
-from server.last_good import last_good
 from server.metrics import METRICS
 from server.writes import commit_status, outcome, record_commits
 
@@ -101,22 +98,4 @@ async def last_good_epoch(
     METRICS.last_good_queries.inc()
     if node is not None:
         node = checked_name(node, "node")
-    state = request.app.state
-    version, body = await asyncio.to_thread(_compute_last_good, state.db, state.whole_answers, job, max_epoch, node)
-    state.answers.put((job, max_epoch, node), version, body)
-    return Response(body, media_type="application/json")
-
-
-def _compute_last_good(
-    db: Database, wholes: AnswerCache[LastGood], job: str, max_epoch: int | None, node: str | None
-) -> tuple[int, bytes]:
-    """The answer's version and JSON: one node's part is cut from the whole answer, computed once per version."""
-    with db.read() as session:
-        row = records.find_job(session, job)
-        version, answer = row.version, wholes.get((job, max_epoch, None), row.version)
-        if answer is None:
-            answer = last_good(session, row, max_epoch=max_epoch)
-            wholes.put((job, max_epoch, None), version, answer)
-    if node is not None:
-        answer = answer.model_copy(update={"nodes": {n: part for n, part in answer.nodes.items() if n == node}})
-    return version, answer.model_dump_json().encode()
+    return Response(await last_good_answer(request.app.state, job, max_epoch, node), media_type="application/json")

@@ -28,7 +28,7 @@ from server.auth import LoginRequired, NotYourJob, TokenAuth
 from server.batching import WriteBatcher
 from server.db import Database, make_engine
 from server.errors import STATUS_CODES, ApiError, error_body
-from server.fastpath import LastGoodFastPath, WriteFastPath
+from server.fastpath import CachedReads, WriteFastPath
 from server.metrics import METRICS
 from server.middleware import BodyLimit, RequestMetrics
 from server.origin import RequestGuard
@@ -113,6 +113,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         db = app.state.db = Database(make_engine(settings.database_url))
         app.state.answers = AnswerCache[bytes](settings.answer_cache_size)
+        app.state.job_answers = AnswerCache[bytes](settings.answer_cache_size)
         app.state.whole_answers = AnswerCache[LastGood](WHOLE_ANSWERS)
 
         def agreement_of(job: str) -> ResumeAgreement:
@@ -158,7 +159,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     _install_error_handlers(app)
     token = settings.token.get_secret_value() if settings.token else None
     app.add_middleware(WriteFastPath)  # innermost, with the next: every middleware below still wraps them
-    app.add_middleware(LastGoodFastPath)
+    app.add_middleware(CachedReads)
     job_tokens = {job: secret.get_secret_value() for job, secret in settings.job_tokens.items()}
     app.add_middleware(TokenAuth, token=token, job_tokens=job_tokens)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)

@@ -2,10 +2,11 @@
 registrations.
 
 Both sit innermost (auth, body limit, trusted hosts and metrics still wrap them).
-- `LastGoodFastPath`: on a cache hit for `GET /v1/jobs/{job}/last-good-epoch[?max_epoch=N][&node=N]` whose
-  job version is unchanged, it answers with the cached bytes; anything else — a miss, a bad name,
-  other parameters, a database error — goes to the FastAPI route, which computes the answer and
-  fills the cache (or answers the error).
+- `CachedReads`: on a cache hit for `GET /v1/jobs/{job}/last-good-epoch[?max_epoch=N][&node=N]` or
+  `GET /v1/jobs/{job}` whose job version is unchanged, it answers with the cached bytes; anything
+  else — a miss, a bad name, other parameters, a database error — goes to the FastAPI route, which
+  computes the answer and fills the cache (or answers the error). Every node of a restart storm
+  reads the job (33 KB of node names at 4,096 nodes) and its own part of the last-good answer.
 - `WriteFastPath`: a well-formed `POST …/checkpoints/batch` (the Python client's only commit route),
   `…/nodes/{node}/checkpoints` or `…/attempts` runs the same entry point as its route
   (`server.writes`) in the group commit; a refusal is answered by the app's own exception handlers;
@@ -31,9 +32,19 @@ from server.batching import WriteBatcher
 from server.metrics import METRICS
 from server.writes import IDEMPOTENCY_KEY, commit_status, outcome, record_commits, register_attempt
 
-__all__ = ["LastGoodFastPath", "WriteFastPath", "LAST_GOOD_ROUTE", "COMMIT_ROUTE", "BATCH_ROUTE", "ATTEMPT_ROUTE"]
+__all__ = [
+    "CachedReads",
+    "WriteFastPath",
+    "JOB_ROUTE",
+    "LAST_GOOD_ROUTE",
+    "COMMIT_ROUTE",
+    "BATCH_ROUTE",
+    "ATTEMPT_ROUTE",
+]
 
+JOB_ROUTE = "/v1/jobs/{job}"
 LAST_GOOD_ROUTE = "/v1/jobs/{job}/last-good-epoch"
+_JOB_PATH = re.compile(r"/v1/jobs/([^/]+)\Z")
 _PATH = re.compile(r"/v1/jobs/([^/]+)/last-good-epoch\Z")
 _NODE = NAME_PATTERN.encode()
 _QUERY = re.compile(rb"(?:max_epoch=([0-9]{1,10})(?:&node=(%s))?|node=(%s))?\Z" % (_NODE, _NODE))
@@ -48,18 +59,19 @@ _OUTCOMES = TypeAdapter(list[CommitOutcome])
 _Answer = tuple[int, bytes]  # status, JSON body
 
 
-class LastGoodFastPath:
-    """Cached last-good answers, sent without routing (module docstring)."""
+class CachedReads:
+    """Cached job and last-good answers, sent without routing (module docstring)."""
 
     def __init__(self, app: ASGIApp):
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "GET":
-            body = self._cached(scope)
-            if body is not None:
-                METRICS.last_good_queries.inc()
-                scope["ckptstore_route"] = LAST_GOOD_ROUTE
+            hit = self._cached(scope)
+            if hit is not None:
+                route, body = scope["ckptstore_route"], hit
+                if route == LAST_GOOD_ROUTE:
+                    METRICS.last_good_queries.inc()
                 await send(
                     {
                         "type": "http.response.start",
@@ -73,23 +85,34 @@ class LastGoodFastPath:
 
     @staticmethod
     def _cached(scope: Scope) -> bytes | None:
-        path = _PATH.match(scope["path"])
-        query = _QUERY.match(scope["query_string"])
-        if path is None or query is None:
-            return None
-        try:  # scope["path"] is decoded once already, as the route's path parameter is
-            job = validate_name(path.group(1), kind="job")
+        """The cached answer to this request (and its route in `scope["ckptstore_route"]`), or None."""
+        state = scope["app"].state
+        whole = _JOB_PATH.match(scope["path"])
+        key_rest: tuple[int | None, str | None]
+        if whole is not None and not scope["query_string"]:
+            route, cache, name, key_rest = JOB_ROUTE, state.job_answers, whole.group(1), (None, None)
+        else:
+            path, query = _PATH.match(scope["path"]), _QUERY.match(scope["query_string"])
+            if path is None or query is None:
+                return None
             asked = query.group(2) or query.group(3)
-            node = None if asked is None else validate_name(asked.decode(), kind="node")
+            try:
+                node = None if asked is None else validate_name(asked.decode(), kind="node")
+            except InvalidNameError:
+                return None
+            max_epoch = None if query.group(1) is None else int(query.group(1))
+            route, cache, name, key_rest = LAST_GOOD_ROUTE, state.answers, path.group(1), (max_epoch, node)
+        try:  # scope["path"] is decoded once already, as the route's path parameter is
+            job = validate_name(name, kind="job")
+            version = state.versions.version(job)
         except InvalidNameError:
             return None
-        max_epoch = None if query.group(1) is None else int(query.group(1))
-        state = scope["app"].state
-        try:
-            version = state.versions.version(job)
         except state.db.errors:  # the database is away: the route answers (503) through the app's handlers
             return None
-        return None if version is None else state.answers.get((job, max_epoch, node), version)
+        body = None if version is None else cache.get((job, *key_rest), version)
+        if body is not None:
+            scope["ckptstore_route"] = route
+        return body
 
 
 class WriteFastPath:

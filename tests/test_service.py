@@ -300,3 +300,18 @@ def test_operations_endpoints(service):
         assert "ckptstore_requests_total" in metrics and "ckptstore_commits_total" in metrics
         assert client.get("/docs").status_code == 200
         assert "/v1/jobs/{job}/last-good-epoch" in client.get("/openapi.json").json()["paths"]
+
+
+def test_the_job_answer_is_served_from_cache_and_never_stale(service, job_name):
+    with service.client() as client:
+        declare(client, service, job_name)
+        first, cached = (client.get(f"/v1/jobs/{job_name}").json() for _ in range(2))
+        assert cached == first and first["last_good_epoch"] is None
+        for node in NODES:
+            commit(client, service, job_name, node, 0)
+        assert client.get(f"/v1/jobs/{job_name}").json()["last_good_epoch"] == 0, "a commit changes the answer"
+        declare(client, service, job_name, retention={"keep_last": 3})
+        again = client.get(f"/v1/jobs/{job_name}").json()
+        assert again["retention"]["keep_last"] == 3 and again["updated_at"] > first["updated_at"]
+        assert client.delete(f"/v1/jobs/{job_name}").status_code == 204
+        assert client.get(f"/v1/jobs/{job_name}").status_code == 404, "a deleted job is not served from cache"

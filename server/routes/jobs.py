@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Request, Response
 from sqlalchemy import select
 
 from ckptstore.schema import JobInfo, JobSpec, Lineage
@@ -36,9 +36,14 @@ def list_jobs(db: DbDep, page: PageDep) -> list[JobInfo]:
 
 
 @router.get("/{job}", response_model=JobInfo)
-def get_job(job: JobName, db: DbDep) -> JobInfo:
+def get_job(job: JobName, db: DbDep, request: Request) -> Response:
+    """The job as declared, with its last good epoch and resume position. The answer is cached per job
+    version: repeated reads are answered before routing (`server.fastpath`)."""
     with db.read() as session:
-        return records.job_info(session, records.find_job(session, job))
+        row = records.find_job(session, job)
+        version, body = row.version, records.job_info(session, row).model_dump_json().encode()
+    request.app.state.job_answers.put((job, None, None), version, body)
+    return Response(body, media_type="application/json")
 
 
 @router.get("/{job}/lineage", response_model=Lineage)

@@ -20,7 +20,7 @@ from server import records
 from server.db import Database
 from server.last_good import last_good
 
-__all__ = ["AnswerCache", "AnswerKey", "last_good_answer"]
+__all__ = ["AnswerCache", "AnswerKey", "last_good_answer", "last_good_part"]
 
 AnswerKey = tuple[str, int | None, str | None]  # job, max_epoch, node (None: every node's part)
 V = TypeVar("V")
@@ -55,29 +55,49 @@ class AnswerCache(Generic[V]):
 
 async def last_good_answer(state: Any, job: str, max_epoch: int | None, node: str | None) -> bytes:
     """The encoded last-good answer (only `node`'s part when given) from the app's caches (`state`),
-    or computed in a worker thread and cached."""
-    try:
-        version = state.versions.version(job)
-    except state.db.errors:
-        version = None  # answered (503) by computing it below, through the app's handlers
+    or cut from the whole answer, or computed in a worker thread; cached."""
+    version = _version(state, job)
     cached = None if version is None else state.answers.get((job, max_epoch, node), version)
     if cached is not None:
         return cached
-    version, body = await asyncio.to_thread(_compute, state.db, state.whole_answers, job, max_epoch, node)
+    version, answer = await last_good_part(state, job, max_epoch, node, version=version)
+    body = answer.model_dump_json().encode()
     state.answers.put((job, max_epoch, node), version, body)
     return body
 
 
-def _compute(
-    db: Database, wholes: AnswerCache[LastGood], job: str, max_epoch: int | None, node: str | None
-) -> tuple[int, bytes]:
-    """The answer's version and JSON: one node's part is cut from the whole answer, computed once per version."""
+async def last_good_part(
+    state: Any, job: str, max_epoch: int | None, node: str | None, *, version: int | None = None
+) -> tuple[int, LastGood]:
+    """The last-good answer's version and model, only `node`'s part when given: cut from the whole
+    answer while the job's version is the cached one's (a restart storm's nodes each ask for their
+    own part: no database round trip), else computed in a worker thread."""
+    known = version if version is not None else _version(state, job)
+    cached = None if known is None else state.whole_answers.get((job, max_epoch, None), known)
+    if known is not None and cached is not None:
+        found: tuple[int, LastGood] = (known, cached)
+    else:
+        found = await asyncio.to_thread(_compute, state.db, state.whole_answers, job, max_epoch)
+    return found[0], found[1] if node is None else _part(found[1], node)
+
+
+def _version(state: Any, job: str) -> int | None:
+    try:
+        return state.versions.version(job)
+    except state.db.errors:
+        return None  # answered (503) by computing it, through the app's handlers
+
+
+def _part(answer: LastGood, node: str) -> LastGood:
+    return answer.model_copy(update={"nodes": {node: answer.nodes[node]} if node in answer.nodes else {}})
+
+
+def _compute(db: Database, wholes: AnswerCache[LastGood], job: str, max_epoch: int | None) -> tuple[int, LastGood]:
+    """The whole answer and its version, computed once per version."""
     with db.read() as session:
         row = records.find_job(session, job)
         version, answer = row.version, wholes.get((job, max_epoch, None), row.version)
         if answer is None:
             answer = last_good(session, row, max_epoch=max_epoch)
             wholes.put((job, max_epoch, None), version, answer)
-    if node is not None:
-        answer = answer.model_copy(update={"nodes": {n: part for n, part in answer.nodes.items() if n == node}})
-    return version, answer.model_dump_json().encode()
+    return version, answer

@@ -65,6 +65,7 @@ class Database:
         self._version_connection: Any = None
         self.errors: tuple[type[Exception], ...] = (SQLAlchemyError, engine.dialect.loaded_dbapi.Error)
         self.on_events: Callable[[int], None] | None = None
+        self.on_versions: Callable[[dict[str, int]], None] | None = None  # jobs this process changed, committed
 
     @contextmanager
     def read(self) -> Iterator[Session]:
@@ -112,13 +113,17 @@ class Database:
         """A write transaction. It writes the events its changes emitted (server/events.py); on
         PostgreSQL it tells every service process (LISTEN, server/versions.py) which jobs it changed
         and the newest event id, delivered when it commits; in this process `on_events` hears of new
-        events once they are committed."""
+        events once they are committed, and `on_versions` of the jobs' new versions (so this process
+        never answers from a cache older than its own writes while the notification is on its way)."""
         with self._writes() as session:
             with session.begin():
                 yield session
                 newest_event = write_pending(session, postgres=not self.is_sqlite)
+                changed = state_of(session).changed_jobs
                 if not self.is_sqlite:
-                    self._notify(session, state_of(session).changed_jobs, newest_event)
+                    self._notify(session, changed, newest_event)
+            if changed and self.on_versions is not None:
+                self.on_versions({name: 0 if job is None else job.version for name, job in changed.items()})
             if newest_event is not None and self.on_events is not None:
                 self.on_events(newest_event)
 

@@ -38,6 +38,7 @@ class VersionWatch:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         if not db.is_sqlite:
+            db.on_versions = self._written
             self._thread = threading.Thread(target=self._listen, name="ckptstore-versions", daemon=True)
             self._thread.start()
 
@@ -82,6 +83,12 @@ class VersionWatch:
     def _events_written(self, payload: Any) -> None:
         if self.on_events is not None and str(payload).isdigit():
             self.on_events(int(payload))
+
+    def _written(self, versions: dict[str, int]) -> None:
+        """This process committed these versions: known before their notification comes back."""
+        if self.listening:
+            for job, version in versions.items():
+                self.heard[job] = 0 if version == 0 else max(version, self.heard.get(job, 0))
 
     def _heard(self, payload: Any) -> None:
         version, _, job = str(payload).partition(":")

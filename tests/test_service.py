@@ -315,3 +315,15 @@ def test_the_job_answer_is_served_from_cache_and_never_stale(service, job_name):
         assert again["retention"]["keep_last"] == 3 and again["updated_at"] > first["updated_at"]
         assert client.delete(f"/v1/jobs/{job_name}").status_code == 204
         assert client.get(f"/v1/jobs/{job_name}").status_code == 404, "a deleted job is not served from cache"
+
+
+def test_an_answer_read_right_after_a_commit_is_never_older_than_the_commit(service, job_name):
+    """The service process that committed answers from its caches at once, before the notification of
+    the new version comes back to it (PostgreSQL: server/versions.py)."""
+    with service.client() as client:
+        declare(client, service, job_name, nodes=["n0"])
+        for epoch in range(60):
+            commit(client, service, job_name, "n0", epoch)
+            assert last_good(client, job_name)["epoch"] == epoch
+            assert last_good(client, job_name, node="n0")["epoch"] == epoch
+            assert client.get(f"/v1/jobs/{job_name}").json()["last_good_epoch"] == epoch

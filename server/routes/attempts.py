@@ -12,7 +12,6 @@ from ckptstore.position import POSITION_LIMIT
 from ckptstore.schema import (
     AttemptInfo,
     AttemptRequest,
-    LastGood,
     NodeStart,
     ResumeAgreement,
     ResumeAudit,
@@ -22,7 +21,7 @@ from ckptstore.schema import (
 )
 from server import records, restarts
 from server.agreement import WAIT_LIMIT_S
-from server.answers import last_good_answer
+from server.answers import last_good_part
 from server.deps import AgreementsDep, DbDep, JobName, NodeName, PageDep, WritesDep
 from server.errors import COMMON_ERRORS, error_responses
 from server.writes import IDEMPOTENCY_KEY, register_attempt
@@ -68,9 +67,7 @@ async def start_node(
         return restarts.attempt_info(row, restarts.start_attempt(session, row, node, None, request_key=key)), None, []
 
     attempt, refused, unknown = await writes.run(job, start, defers_inserts=True, attempts_of=(node, key))
-    resume = None
-    if attempt is not None:
-        resume = LastGood.model_validate_json(await last_good_answer(request.app.state, job, None, node))
+    resume = None if attempt is None else (await last_good_part(request.app.state, job, None, node))[1]
     answer = NodeStart(attempt=attempt, refused=refused, unknown=unknown, resume=resume)
     return Response(answer.model_dump_json(), media_type="application/json")
 

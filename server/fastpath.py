@@ -8,7 +8,7 @@ Both sit innermost (auth, body limit, trusted hosts and metrics still wrap them)
   computes the answer and fills the cache (or answers the error). Every node of a restart storm
   reads the job (33 KB of node names at 4,096 nodes) and its own part of the last-good answer.
 - `WriteFastPath`: a well-formed `POST …/checkpoints/batch` (the Python client's only commit route),
-  `…/nodes/{node}/checkpoints` or `…/attempts` runs the same entry point as its route
+  `…/nodes/{node}/checkpoints`, `…/attempts` or `…/start` runs the same entry point as its route
   (`server.writes`) in the group commit; a refusal is answered by the app's own exception handlers;
   `ckptstore_fast_path_total` counts what it answered. Anything it does not understand — a
   bad name, a body that does not validate, another content type, a bad Idempotency-Key — goes to
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 from starlette.requests import Request
@@ -27,10 +28,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ckptstore.errors import InvalidNameError
 from ckptstore.names import NAME_PATTERN, validate_name
-from ckptstore.schema import AttemptRequest, CommitBatch, CommitOutcome, CommitRequest, NodeCommit
+from ckptstore.schema import AttemptRequest, CommitBatch, CommitOutcome, CommitRequest, NodeCommit, StartRequest
 from server.batching import WriteBatcher
 from server.metrics import METRICS
-from server.writes import IDEMPOTENCY_KEY, commit_status, outcome, record_commits, register_attempt
+from server.writes import IDEMPOTENCY_KEY, answer_start, commit_status, outcome, record_commits, register_attempt
 
 __all__ = [
     "CachedReads",
@@ -40,6 +41,7 @@ __all__ = [
     "COMMIT_ROUTE",
     "BATCH_ROUTE",
     "ATTEMPT_ROUTE",
+    "START_ROUTE",
 ]
 
 JOB_ROUTE = "/v1/jobs/{job}"
@@ -49,10 +51,11 @@ _PATH = re.compile(r"/v1/jobs/([^/]+)/last-good-epoch\Z")
 _NODE = NAME_PATTERN.encode()
 _QUERY = re.compile(rb"(?:max_epoch=([0-9]{1,10})(?:&node=(%s))?|node=(%s))?\Z" % (_NODE, _NODE))
 _HEADERS = [(b"content-type", b"application/json")]
-_WRITE = re.compile(r"/v1/jobs/([^/]+)/(?:nodes/([^/]+)/(checkpoints|attempts)|checkpoints/(batch))\Z")
+_WRITE = re.compile(r"/v1/jobs/([^/]+)/(?:nodes/([^/]+)/(checkpoints|attempts|start)|checkpoints/(batch))\Z")
 COMMIT_ROUTE = "/v1/jobs/{job}/nodes/{node}/checkpoints"
 BATCH_ROUTE = "/v1/jobs/{job}/checkpoints/batch"
 ATTEMPT_ROUTE = "/v1/jobs/{job}/nodes/{node}/attempts"
+START_ROUTE = "/v1/jobs/{job}/nodes/{node}/start"
 _KEY = re.compile(IDEMPOTENCY_KEY)
 _JSON_TYPES = (b"application/json", b"application/json; charset=utf-8")  # others: the route (server.origin)
 _OUTCOMES = TypeAdapter(list[CommitOutcome])
@@ -116,7 +119,7 @@ class CachedReads:
 
 
 class WriteFastPath:
-    """Well-formed commits (single and batch) and attempt registrations, recorded without routing
+    """Well-formed commits (single and batch), attempt registrations and starts, recorded without routing
     (module docstring)."""
 
     def __init__(self, app: ASGIApp):
@@ -138,7 +141,7 @@ class WriteFastPath:
         route, run = write
         scope["ckptstore_route"] = route
         try:
-            status, payload = await run(scope["app"].state.writes)
+            status, payload = await run(scope["app"].state)
         except Exception as exc:
             await _answer_error(scope, receive, send, exc)
             return
@@ -155,19 +158,20 @@ class WriteFastPath:
 
 def _parse_write(
     match: re.Match[str], body: bytes, headers: dict[bytes, bytes]
-) -> tuple[str, Callable[[WriteBatcher], Awaitable[_Answer]]] | None:
+) -> tuple[str, Callable[[Any], Awaitable[_Answer]]] | None:
     """The route template and the write of a well-formed request; None for the route to answer."""
     job, node, kind, batch = match.groups()
     try:
         job = validate_name(job, kind="job")
         if batch is not None:
             commits = CommitBatch.model_validate_json(body).commits
-            return BATCH_ROUTE, lambda writes: _record_batch(writes, job, commits)
+            return BATCH_ROUTE, lambda state: _record_batch(state.writes, job, commits)
         node = validate_name(node, kind="node")
         if kind == "checkpoints":
             commit = CommitRequest.model_validate_json(body)
-            return COMMIT_ROUTE, lambda writes: _record_one(writes, job, node, commit)
-        attempt = AttemptRequest.model_validate_json(body) if body else None
+            return COMMIT_ROUTE, lambda state: _record_one(state.writes, job, node, commit)
+        start = StartRequest.model_validate_json(body) if kind == "start" else None
+        attempt = AttemptRequest.model_validate_json(body) if kind == "attempts" and body else None
     except (InvalidNameError, ValidationError):
         return None
     key = headers.get(b"idempotency-key")
@@ -175,10 +179,12 @@ def _parse_write(
     if key_text is not None and _KEY.match(key_text) is None:
         return None
 
-    async def register(writes: WriteBatcher) -> _Answer:
-        return 201, (await register_attempt(writes, job, node, attempt, key_text)).model_dump_json().encode()
+    async def register(state: Any) -> _Answer:
+        if start is not None:
+            return 200, (await answer_start(state, job, node, start, key_text)).model_dump_json().encode()
+        return 201, (await register_attempt(state.writes, job, node, attempt, key_text)).model_dump_json().encode()
 
-    return ATTEMPT_ROUTE, register
+    return (ATTEMPT_ROUTE if start is None else START_ROUTE), register
 
 
 async def _record_one(writes: WriteBatcher, job: str, node: str, commit: CommitRequest) -> _Answer:

@@ -6,18 +6,37 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from ckptstore.position import Position
-from ckptstore.schema import AttemptInfo, AttemptRequest, CheckpointRecord, CommitOutcome, CommitRequest
+from ckptstore.schema import (
+    AttemptInfo,
+    AttemptRequest,
+    CheckpointRecord,
+    CommitOutcome,
+    CommitRequest,
+    NodeStart,
+    StartRequest,
+    StoredCopy,
+)
 from server import records, restarts
+from server.answers import last_good_part
 from server.batching import WriteBatcher
 from server.errors import ApiError, error_model
 from server.metrics import METRICS
 
-__all__ = ["IDEMPOTENCY_KEY", "Recorded", "record_commits", "outcome", "commit_status", "register_attempt"]
+__all__ = [
+    "IDEMPOTENCY_KEY",
+    "Recorded",
+    "record_commits",
+    "outcome",
+    "commit_status",
+    "register_attempt",
+    "answer_start",
+]
 
 IDEMPOTENCY_KEY = r"^[A-Za-z0-9._:-]{1,64}$"  # a registration's Idempotency-Key header
 Recorded = tuple[CheckpointRecord, bool]  # the record, and whether this request created it
@@ -74,3 +93,21 @@ async def register_attempt(
         return restarts.attempt_info(row, attempt)
 
     return await writes.run(job, register, defers_inserts=True, attempts_of=(node, key))
+
+
+async def answer_start(state: Any, job: str, node: str, start: StartRequest, key: str | None) -> NodeStart:
+    """A node's start in one request (`POST …/nodes/{node}/start`): a new attempt registered in the next
+    group transaction, fencing every older one, and the node's part of the last-good answer — while the
+    job's declaration is the one the node checked and every copy it lists is recorded; otherwise
+    nothing changes and the answer says why (`restarts.start_refusal`)."""
+
+    def register(session: Session) -> tuple[AttemptInfo | None, str | None, list[StoredCopy]]:
+        row = records.lock_job(session, job)
+        refused, unknown = restarts.start_refusal(session, row, node, start)
+        if refused is not None:
+            return None, refused, unknown
+        return restarts.attempt_info(row, restarts.start_attempt(session, row, node, None, request_key=key)), None, []
+
+    attempt, refused, unknown = await state.writes.run(job, register, defers_inserts=True, attempts_of=(node, key))
+    resume = None if attempt is None else (await last_good_part(state, job, None, node))[1]
+    return NodeStart(attempt=attempt, refused=refused, unknown=unknown, resume=resume)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Path, Query, Request, Response
+from fastapi import APIRouter, Header, Path, Query, Request
 from sqlalchemy.orm import Session
 
 from ckptstore.position import POSITION_LIMIT
@@ -17,14 +17,12 @@ from ckptstore.schema import (
     ResumeAudit,
     ResumeReport,
     StartRequest,
-    StoredCopy,
 )
 from server import records, restarts
 from server.agreement import WAIT_LIMIT_S
-from server.answers import last_good_part
 from server.deps import AgreementsDep, DbDep, JobName, NodeName, PageDep, WritesDep
 from server.errors import COMMON_ERRORS, error_responses
-from server.writes import IDEMPOTENCY_KEY, register_attempt
+from server.writes import IDEMPOTENCY_KEY, answer_start, register_attempt
 
 __all__ = ["router"]
 
@@ -52,24 +50,14 @@ async def start_attempt(
 
 @router.post("/nodes/{node}/start", response_model=NodeStart)
 async def start_node(
-    job: JobName, node: NodeName, body: StartRequest, writes: WritesDep, request: Request, key: IdempotencyKey = None
-) -> Response:
+    job: JobName, node: NodeName, body: StartRequest, request: Request, key: IdempotencyKey = None
+) -> NodeStart:
     """A node's start in one request (a restart storm's nodes each send one): register a new attempt,
     fencing every older one, and answer this node's part of the last-good answer — while the job's
     declaration is the one the node checked and every copy it lists is recorded. Otherwise nothing
-    changes and the answer says why: the client then declares, records and registers a request at a time."""
-
-    def start(session: Session) -> tuple[AttemptInfo | None, str | None, list[StoredCopy]]:
-        row = records.lock_job(session, job)
-        refused, unknown = restarts.start_refusal(session, row, node, body)
-        if refused is not None:
-            return None, refused, unknown
-        return restarts.attempt_info(row, restarts.start_attempt(session, row, node, None, request_key=key)), None, []
-
-    attempt, refused, unknown = await writes.run(job, start, defers_inserts=True, attempts_of=(node, key))
-    resume = None if attempt is None else (await last_good_part(request.app.state, job, None, node))[1]
-    answer = NodeStart(attempt=attempt, refused=refused, unknown=unknown, resume=resume)
-    return Response(answer.model_dump_json(), media_type="application/json")
+    changes and the answer says why: the client then declares, records and registers a request at a
+    time. Well-formed starts are answered before routing (`server.fastpath`), by the same function."""
+    return await answer_start(request.app.state, job, node, body, key)
 
 
 @router.put("/nodes/{node}/attempts/{attempt}", response_model=AttemptInfo, responses=error_responses(409))

@@ -22,7 +22,6 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -41,6 +40,7 @@ from ckptstore.manifest import Manifest, ShardRecord, TensorRecord
 from ckptstore.position import Position
 from ckptstore.shard import dtype_code, tensor_view
 from ckptstore.storage import Storage
+from ckptstore.threads import map_threads
 
 __all__ = [
     "tensor_hash",
@@ -129,11 +129,10 @@ def examine(
     for name in candidates:
         examined.probes[name] = tensor_probe(arrays[name])
     matching = [name for name, (record, _) in candidates.items() if record.probe == examined.probes[name]]
-    with ThreadPoolExecutor(max_workers=max(1, min(concurrency, len(matching)))) as pool:
-        for name, digest in zip(matching, pool.map(lambda n: tensor_hash(arrays[n]), matching)):
-            examined.hashes[name] = digest
-            if digest == candidates[name][0].hash:
-                examined.unchanged[name] = candidates[name]
+    for name, digest in zip(matching, map_threads(lambda n: tensor_hash(arrays[n]), matching, concurrency)):
+        examined.hashes[name] = digest
+        if digest == candidates[name][0].hash:
+            examined.unchanged[name] = candidates[name]
     return examined
 
 

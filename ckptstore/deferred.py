@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -26,6 +25,7 @@ from ckptstore.localfs import aligned_empty
 from ckptstore.manifest import Manifest, ShardRecord, TensorRecord
 from ckptstore.shard import numpy_dtype
 from ckptstore.storage import Storage
+from ckptstore.threads import map_threads
 from ckptstore.verify import as_array, raise_first, read_verified, scan_shards
 
 __all__ = ["VerifiedTensors", "read_deferred"]
@@ -70,11 +70,8 @@ class VerifiedTensors(Mapping[str, np.ndarray]):
                 raise ValueError(f"target for {name!r} holds {target.nbytes} bytes, the tensor {record.nbytes}")
             by_shard.setdefault(record.shard, []).append((record, target))
 
-        with ThreadPoolExecutor(max_workers=max(1, min(self._concurrency, len(by_shard)))) as pool:
-            for _ in pool.map(
-                lambda index: self._fill(self._manifest.shards[index], by_shard[index]), sorted(by_shard)
-            ):
-                pass
+        shards = self._manifest.shards
+        map_threads(lambda index: self._fill(shards[index], by_shard[index]), sorted(by_shard), self._concurrency)
 
     def _fill(self, shard: ShardRecord, pairs: list[tuple[TensorRecord, np.ndarray]]) -> None:
         """Read each tensor of `shard` into its target and check its CRC32C there."""

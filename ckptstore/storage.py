@@ -20,7 +20,7 @@ import os
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import Executor, ThreadPoolExecutor
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, ParamSpec, TypeVar
@@ -34,6 +34,7 @@ from ckptstore.crc import Buffer
 from ckptstore.errors import CkptStoreError, StorageUnavailableError
 from ckptstore.failures import Failure, failure_of
 from ckptstore.layout import MANIFEST_TEMP_PREFIX
+from ckptstore.threads import map_threads
 
 __all__ = ["Storage", "StoredFile", "open_storage", "storage_error", "UPLOAD_PART_SIZE"]
 
@@ -261,8 +262,7 @@ class Storage:
             # 3 GiB restore: 2.35 s with 8 against 3.4 s with 4, bench/RESULTS.md); buffered reads
             # have readahead, and more threads than that thrash it.
             readers = concurrency if transient else 2 * concurrency
-            with ThreadPoolExecutor(max_workers=max(1, min(readers, len(relpaths)))) as pool:
-                return dict(zip(relpaths, pool.map(read, relpaths)))
+            return dict(zip(relpaths, map_threads(read, relpaths, readers)))
         paths = [self.path(r) for r in relpaths]
         try:
             fetched = self.fs.cat(paths, on_error="return", batch_size=concurrency)

@@ -197,8 +197,8 @@ class Restorer:
     def _from_storage(self) -> Restored | None:
         found: set[Position] = set()
         for tier, store in self.tiers.items():
-            try:
-                found.update(store.list_positions(self.job, self.node))
+            try:  # positions with a manifest: which of them verify, reading nearest-first tells
+                found.update(key.position for key in store.manifest_keys(self.job, self.node))
             except StorageUnavailableError as exc:
                 log.warning("the %s tier is away (%s): restoring from the others", tier, exc)
         positions = sorted(found, reverse=True)

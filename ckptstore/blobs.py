@@ -168,7 +168,8 @@ class Bases:
             self._known[node] = manifest
 
     def base(self, storage: Storage, job: str, node: str, committed: Committed) -> list[Manifest]:
-        """The node's newest committed copy (`committed(job, node)`: all of them, oldest first), or []."""
+        """The node's newest committed copy (`committed(job, node)`: its committed copies, oldest first —
+        the newest alone will do), or []."""
         known = self._known.get((job, node))
         if known is not None and storage.size(f"{known.key().relpath}/{MANIFEST_NAME}") is not None:
             return [known]

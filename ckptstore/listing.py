@@ -30,6 +30,7 @@ __all__ = [
     "valid_names",
     "stored_attempts",
     "committed_manifests",
+    "newest_manifest",
     "manifest_owner",
     "refuse_foreign",
     "refuse_case_twins",
@@ -79,6 +80,16 @@ def committed_manifests(
             yield parse_manifest(bytes(data), expect=key)
         except ManifestError as exc:
             log.info("%s is not committed: %s", storage.path(path), exc)
+
+
+def newest_manifest(storage: Storage, job: str, node: str) -> list[Manifest]:
+    """The node's newest committed copy's manifest ([] when none), read newest first until one parses:
+    a save's dedup base, without reading every manifest of a node that kept many copies."""
+    for key in reversed(manifest_keys(storage, job, node, tier="durable")):
+        found = next(committed_manifests(storage, job, node, key.position, key.attempt), None)
+        if found is not None:
+            return [found]
+    return []
 
 
 def refuse_case_twins(storage: Storage, key: CopyKey) -> None:

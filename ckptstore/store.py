@@ -195,7 +195,7 @@ class Store:
             metadata=metadata,
             shard_size=self.shard_size,
             concurrency=self.concurrency,
-            bases=[*self._bases.base(self._storage, key.job, key.node, self._manifests), *bases],
+            bases=[*self._bases.base(self._storage, key.job, key.node, self._newest), *bases],
             damaged=self._bases.damaged,
             codec=self.codec,
         )
@@ -316,6 +316,9 @@ class Store:
     def _manifests(self, job: str, node: str) -> list[Manifest]:  # the node's committed copies, oldest first
         return [info.manifest for info in self.list_checkpoints(job, node) if info.manifest is not None]
 
+    def _newest(self, job: str, node: str) -> list[Manifest]:  # its newest committed copy, if any
+        return listing.newest_manifest(self._storage, job, node)
+
     def copy_from(self, source: Store, key: CopyKey, *, verify: Literal["full", "sizes"] = "full") -> CheckpointRef:
         """Copy the committed copy `key` of `source` here, each blob stored as this store stores blobs
         (`codec`: byte for byte where both agree, else decoded and encoded again), checked against its
@@ -326,7 +329,7 @@ class Store:
         target = key.on(self.tier)
         location = self.location(target)
         if self._storage.size(f"{target.relpath}/{MANIFEST_NAME}") is None:
-            base = self._bases.base(self._storage, key.job, key.node, self._manifests)
+            base = self._bases.base(self._storage, key.job, key.node, self._newest)
             held = blobs.held_blobs(base, self._bases.damaged)
             manifest = copy_checkpoint(
                 source._storage,
@@ -378,9 +381,8 @@ class Store:
     def list_checkpoints(self, job: str, node: str, *, skip: Collection[CopyKey] = ()) -> list[CheckpointInfo]:
         """Every attempt prefix of a node on storage, committed or not, ordered by position and attempt —
         but the copies in `skip` (whose manifests are not read: what a caller knows already)."""
-        return listing.list_checkpoints(
-            self._storage, self.url, job, node, tier=self.tier, concurrency=self.concurrency, skip=skip
-        )
+        storage, tier, concurrency = self._storage, self.tier, self.concurrency
+        return listing.list_checkpoints(storage, self.url, job, node, tier=tier, concurrency=concurrency, skip=skip)
 
     def next_attempt(self, job: str, node: str) -> str:
         """An offline attempt id: the highest attempt number on storage for this node + 1, random suffix."""

@@ -132,8 +132,9 @@ class NodeCheckpointer:
 
     def register(self) -> None:
         """Probe the tiers (a misconfiguration fails here), declare or check the job, record the copies the
-        service does not know, then register this attempt (fencing older ones); offline (service away or
-        none), number it from storage. Processes that do not write register nothing (`client.startup`)."""
+        service does not know, then register this attempt (fencing older ones) — in one request when nothing
+        has to change; offline (service away or none), number it from storage. Processes that do not
+        write register nothing (`client.startup`)."""
         if not self.writes or self.attempt is not None:
             return
         probe_tiers(self.tiers)

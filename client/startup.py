@@ -9,6 +9,10 @@
 - Storage is the truth (`record_unknown_copies`): copies of this node that the service does not know
   (written while it was away, or by a process it never heard from) are recorded — idempotent
   re-posts of their manifests — before the service judges where to resume.
+- One request when nothing has to change (`start_in_one_request`): with the job declared as this
+  process would declare it and every copy on its storage recorded, the service registers the attempt
+  and answers the node's resume position at once (a restart storm's cost); otherwise it declines,
+  changing nothing, and the steps above run one request at a time (`register_start`).
 - Starting fresh (`refuse_fresh_start`): a node that would start from scratch while committed copies
   of its job exist raises `ResumeRefusedError` naming them and why none qualifies when the job's
   declaration is the cause, unless `fresh_start=True`; otherwise (copies left incomplete by an

@@ -32,6 +32,7 @@ from server.fastpath import CachedReads, WriteFastPath
 from server.metrics import METRICS
 from server.middleware import BodyLimit, RequestMetrics
 from server.origin import RequestGuard
+from server.presign import Signer
 from server.routes import ROUTERS
 from server.settings import Settings
 from server.stream import EventHub
@@ -137,6 +138,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         db.on_events = new_events
         app.state.versions = VersionWatch(db, on_events=new_events)
         app.state.writes = WriteBatcher(db)
+        app.state.signer = Signer(settings.storage_options)
         try:
             yield
         finally:

@@ -36,6 +36,9 @@ class Metrics:
             "ckptstore_last_good_queries_total", "last-good-epoch queries", registry=self.registry
         )
         self.db_errors = Counter("ckptstore_db_errors_total", "database errors answered 503", registry=self.registry)
+        self.presigned_urls = Counter(
+            "ckptstore_presigned_urls_total", "presigned URLs handed out (server/presign.py)", registry=self.registry
+        )
         self.fast_path = Counter(
             "ckptstore_fast_path_total",
             "writes answered before routing (server/fastpath.py)",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from functools import cached_property
+from typing import Any
 
 from platformdirs import user_data_dir
 from pydantic import Field, SecretStr, field_validator
@@ -72,6 +73,14 @@ class Settings(BaseSettings):
     )
     storage: str = Field(default="", description="default storage root for jobs that name none")
     storage_roots: str = Field(default="", description="comma-separated roots a job may use")
+    storage_options: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description='per storage root, as JSON: {"s3://bucket": {"endpoint_url": …, "key": …, "secret": …}} '
+        "(s3fs's option names); presigned URLs for that root are signed with them, else with the AWS_* environment",
+    )
+    url_expiry_seconds: int = Field(
+        default=900, ge=10, le=12 * 3600, description="how long a presigned URL lasts unless the request asks less"
+    )
     max_body_bytes: int = Field(default=1 << 20, ge=1024, description="largest request body accepted (413 above)")
     trusted_hosts: str = Field(
         default="",

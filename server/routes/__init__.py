@@ -1,6 +1,6 @@
 """One router per resource under /v1, plus the unversioned operations endpoints."""
 
-from server.routes import attempts, checkpoints, events, health, jobs, ops, retention, stats, webhooks
+from server.routes import attempts, checkpoints, events, health, jobs, ops, retention, stats, urls, webhooks
 
 # The hot last-good route is matched first (routes are matched in order).
 ROUTERS = [
@@ -12,6 +12,7 @@ ROUTERS = [
     retention.router,
     events.router,
     webhooks.router,
+    urls.router,
     ops.router,
 ]
 

@@ -1,0 +1,150 @@
+"""Presigned URLs (issue 31, the service's side): a node holding only the service's address gets
+short-lived URLs to its own objects on S3 (moto) and moves the bytes itself; anything outside its
+scope — another job, node, attempt, a key that climbs out — is refused before anything is signed, and
+a fenced attempt gets none.
+
+moto's server does not check SigV4 signatures or expiry (it answers a tampered or expired URL), so the
+signatures are checked here by signing the same request again with the same credentials and time
+(`signature_matches`): a URL changed to another key no longer matches. moto does honour
+`If-None-Match: *` (412 on an existing object), which the create-only blob uploads rely on."""
+
+from __future__ import annotations
+
+import datetime
+import time
+import uuid
+from unittest import mock
+from urllib.parse import parse_qsl, urlencode, urlsplit
+
+import httpx
+import pytest
+
+from ckptstore import CopyKey, Position
+from ckptstore.layout import blob_key
+from tests import builders
+from tests.conftest import service_settings
+from tests.live import LiveService
+
+
+@pytest.fixture(scope="module")
+def signing_service(tmp_path_factory, moto_s3):
+    tmp = str(tmp_path_factory.mktemp("presign"))
+    options = {f"s3://{moto_s3.bucket}": moto_s3.options}
+    live = LiveService(service_settings(tmp, f"sqlite:///{tmp}/db.sqlite", storage_options=options))
+    yield live, f"s3://{moto_s3.bucket}"
+    live.stop()
+
+
+def signature_matches(url: str, method: str, headers: dict[str, str]) -> bool:
+    """Whether `url`'s SigV4 signature is the one the service's credentials give for this method, path
+    and signed headers at the URL's own date."""
+    from botocore.auth import S3SigV4QueryAuth
+    from botocore.awsrequest import AWSRequest
+    from botocore.credentials import Credentials
+
+    parts = urlsplit(url)
+    query = dict(parse_qsl(parts.query))
+    when = datetime.datetime.strptime(query["X-Amz-Date"], "%Y%m%dT%H%M%SZ")
+    region = query["X-Amz-Credential"].split("/")[2]
+    kept = urlencode([(k, v) for k, v in parse_qsl(parts.query) if not k.startswith("X-Amz-")])
+    request = AWSRequest(method=method, url=f"{parts.scheme}://{parts.netloc}{parts.path}{'?' + kept if kept else ''}")
+    for name, value in headers.items():
+        request.headers[name] = value
+    signer = S3SigV4QueryAuth(Credentials("testing", "testing"), "s3", region, expires=int(query["X-Amz-Expires"]))
+    with mock.patch("botocore.auth.get_current_datetime", return_value=when):
+        signer.add_auth(request)
+    return dict(parse_qsl(urlsplit(request.url).query))["X-Amz-Signature"] == query["X-Amz-Signature"]
+
+
+def ask(http, job: str, node: str, attempt, *objects: tuple[str, str], expires_s: int | None = None):
+    body = {"attempt": attempt, "objects": [{"method": m, "key": k} for m, k in objects]}
+    if expires_s is not None:
+        body["expires_s"] = expires_s
+    return http.post(f"/v1/jobs/{job}/nodes/{node}/urls", json=body)
+
+
+def started_job(http, root: str, nodes=("n0", "n1"), **extra) -> str:
+    job = f"signed-{uuid.uuid4().hex[:8]}"
+    builders.declare(http, f"{root}/{job}", job, list(nodes), **extra)
+    for node in nodes:
+        assert http.post(f"/v1/jobs/{job}/nodes/{node}/attempts", json={}).status_code == 201
+    return job
+
+
+def test_a_node_writes_and_reads_its_own_objects_through_urls(signing_service):
+    live, root = signing_service
+    with live.client() as http:
+        job = started_job(http, root)
+        manifest = f"{CopyKey(job, 'n0', Position(0), '1').relpath}/manifest.json"
+        answer = ask(http, job, "n0", "1", ("PUT", manifest), ("GET", manifest), expires_s=120)
+        assert answer.status_code == 200, answer.text
+        put, get = answer.json()["urls"]
+        assert abs(answer.json()["expires_at"] - (time.time() + 120)) < 5
+        assert "X-Amz-Expires=120" in put["url"] and put["headers"] == {}
+        assert urlsplit(put["url"]).path == f"/{root.removeprefix('s3://')}/{job}/{manifest}"
+        assert httpx.put(put["url"], content=b"the manifest").status_code == 200
+        assert httpx.get(get["url"]).content == b"the manifest"
+        assert signature_matches(put["url"], "PUT", {}) and signature_matches(get["url"], "GET", {})
+        elsewhere = put["url"].replace(f"/{job}/n0/", f"/{job}/n1/")
+        assert not signature_matches(elsewhere, "PUT", {}), "the signature covers the key: it cannot be reused"
+
+
+def test_a_blob_is_uploaded_create_only_and_never_overwritten(signing_service):
+    live, root = signing_service
+    with live.client() as http:
+        job = started_job(http, root)
+        blob = blob_key(job, "n0", "ab" * 16)
+        (put,) = ask(http, job, "n0", "1", ("PUT", blob)).json()["urls"]
+        assert put["headers"] == {"If-None-Match": "*"}
+        assert signature_matches(put["url"], "PUT", put["headers"])
+        assert not signature_matches(put["url"], "PUT", {}), "the condition is signed: it cannot be left out"
+        assert httpx.put(put["url"], content=b"blob", headers=put["headers"]).status_code == 200
+        again = httpx.put(put["url"], content=b"poison", headers=put["headers"])
+        assert again.status_code == 412, "an existing blob is never overwritten"
+        (get,) = ask(http, job, "n1", "1", ("GET", blob)).json()["urls"]
+        assert httpx.get(get["url"]).content == b"blob"
+
+
+def test_what_is_not_the_node_s_is_refused_and_a_fenced_attempt_gets_nothing(signing_service):
+    live, root = signing_service
+    with live.client() as http:
+        job = started_job(http, root)
+        other = started_job(http, root)
+        own = f"{CopyKey(job, 'n0', Position(1), '1').relpath}/tensors.safetensors"
+        refused = {
+            "another node's prefix": ("PUT", own.replace("/n0/", "/n1/")),
+            "another attempt": ("PUT", own.replace("/1/tensors", "/2/tensors")),
+            "another job": ("GET", own.replace(job, other)),
+            "another node's blobs": ("PUT", blob_key(job, "n1", "cd" * 16)),
+            "the job's folder itself": ("PUT", f"{job}/n0/manifest.json"),
+        }
+        for why, wanted in refused.items():
+            answer = ask(http, job, "n0", "1", ("GET", own), wanted)
+            assert answer.status_code == 403 and answer.json()["error"] == "forbidden", (why, answer.text)
+        for bad in (f"{job}/../{other}/x", f"/{job}/x", f"{job}//x", f"{job}/n0/./x"):
+            assert ask(http, job, "n0", "1", ("GET", bad)).status_code == 422, bad
+        assert http.post(f"/v1/jobs/{job}/nodes/n0/attempts", json={}).json()["attempt"] == "2"
+        fenced = ask(http, job, "n0", "1", ("PUT", own))
+        assert fenced.status_code == 409 and fenced.json()["error"] == "fenced"
+        assert ask(http, job, "n0", "2", ("PUT", own.replace("/1/tensors", "/2/tensors"))).status_code == 200
+        assert ask(http, job, "n0", "1-abcdef12", ("GET", own)).status_code == 409, "offline attempts sign nothing"
+        assert ask(http, job, "stranger", "1", ("GET", own)).status_code == 422
+        assert ask(http, "no-such-job", "n0", "1", ("GET", own)).status_code == 404
+        local = f"local-{uuid.uuid4().hex[:6]}"
+        builders.declare(http, live.settings.default_storage, local, ["n0"])
+        http.post(f"/v1/jobs/{local}/nodes/n0/attempts", json={})
+        answer = ask(http, local, "n0", "1", ("GET", f"{local}/n0/x"))
+        assert answer.status_code == 422 and "s3://" in answer.text
+
+
+def test_a_fork_reads_the_job_it_was_forked_from(signing_service):
+    live, root = signing_service
+    with live.client() as http:
+        parent = started_job(http, root, nodes=("n0",))
+        key = f"{CopyKey(parent, 'n0', Position(0), '1').relpath}/manifest.json"
+        http.post(
+            f"/v1/jobs/{parent}/nodes/n0/checkpoints", json=builders.commit_body(f"{root}/{parent}", parent, "n0", 0)
+        )
+        child = started_job(http, root, nodes=("n0",), parent={"job": parent, "position": {"epoch": 0}})
+        assert ask(http, child, "n0", "1", ("GET", key)).status_code == 200
+        assert ask(http, child, "n0", "1", ("PUT", key)).status_code == 403, "but never writes there"

@@ -172,45 +172,38 @@ def register_start(
     local_root: str | None,
 ) -> tuple[JobInfo, str, LastGood | None]:
     """Make this start known to the service: the job as declared now, this start's attempt, and the
-    node's part of the last-good answer when the start took one request (`start_in_one_request`);
-    else the long way — declare or check the job, record the node's unknown copies, register."""
-    started = start_in_one_request(client, options, identity, known, tiers, local_root)
-    if known is not None and started is not None and started.attempt is not None:
-        return known, started.attempt.attempt, started.resume
+    node's part of the last-good answer when the start took one request (`start_in_one_request`: the
+    job is declared as this process would declare it — `known`, read at construction — so nothing has
+    to change first); else the long way — declare or check the job, record the node's unknown copies,
+    register."""
     node, durable = identity.checkpoint_node, tiers["durable"].url
+    if known is not None and declaration_changes(known, options, identity, durable, local_root) is None:
+        started = start_in_one_request(client, known, node, tiers)
+        if started is not None and started.attempt is not None:
+            return known, started.attempt.attempt, started.resume
     declared = declare_job(client, options, identity, durable, local_root, known=known)
     record_unknown_copies(client, options.job, node, tiers)
     return declared, client.start_attempt(options.job, node), None
 
 
 def start_in_one_request(
-    client: ServiceClient,
-    options: CheckpointOptions,
-    identity: NodeIdentity,
-    known: JobInfo | None,
-    tiers: Mapping[Tier, Store],
-    local_root: str | None,
+    client: ServiceClient, declared: JobInfo, node: str, tiers: Mapping[Tier, Store]
 ) -> NodeStart | None:
     """Register this start and get the node's part of the last-good answer in one request (what keeps a
-    restart storm short) when nothing has to change first: the job is declared as this process would
-    declare it (`known`, read at construction) and the service records every copy on this node's
-    storage. None: the long way is to be taken — declare, record, register — as with a service older
-    than the start route, or one that declined (it then changed nothing)."""
-    durable = tiers["durable"].url
-    if known is None or declaration_changes(known, options, identity, durable, local_root) is not None:
-        return None
-    node = identity.checkpoint_node
+    restart storm short): the service registers only while `declared` is still the job's declaration
+    and it records every copy on this node's storage. None: the long way is to be taken — as with a
+    service older than the start route, or one that declined (it then changed nothing)."""
     try:
-        keys = [key for store in tiers.values() for key in store.manifest_keys(options.job, node)]
+        keys = [key for store in tiers.values() for key in store.manifest_keys(declared.job, node)]
     except StorageUnavailableError:
         return None  # the long way says which tier is away
     stored = [StoredCopy(epoch=k.position.epoch, batch=k.position.batch, attempt=k.attempt, tier=k.tier) for k in keys]
     try:
-        started = client.start_node(options.job, node, StartRequest(declared_at=known.updated_at, stored=stored))
+        started = client.start_node(declared.job, node, StartRequest(declared_at=declared.updated_at, stored=stored))
     except (CheckpointNotFoundError, ValidationError):  # an older service; more copies than a request lists
         return None
     if started.attempt is None:
-        log.info("%s/%s starts the long way: %s", options.job, node, started.refused)
+        log.info("%s/%s starts the long way: %s", declared.job, node, started.refused)
         return None
     return started
 

@@ -151,7 +151,7 @@ class Manifest(_Strict):
         """Serialise with the self-checksum that `parse_manifest` requires."""
         body = self.model_dump(mode="json")
         body["manifest_crc32c"] = format_crc(checksum(_canonical(body)))
-        return json.dumps(body, indent=1).encode()
+        return json.dumps(body, separators=(",", ":")).encode()  # the C encoder: 10,000 tensors in ms, not 0.2 s
 
 
 def _canonical(body: dict[str, Any]) -> bytes:

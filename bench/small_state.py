@@ -86,7 +86,9 @@ def main() -> None:
         command = [sys.executable, __file__, "--measure", tree, "--reps", str(args.reps)]
         result = json.loads(subprocess.run(command, check=True, capture_output=True, text=True).stdout)
         ratio = result["ckptstore_ms"] / result["torch_ms"]
-        print(f"{tree}: ckptstore {result['ckptstore_ms']:.1f} ms, torch {result['torch_ms']:.1f} ms, ratio {ratio:.2f}")
+        print(
+            f"{tree}: ckptstore {result['ckptstore_ms']:.1f} ms, torch {result['torch_ms']:.1f} ms, ratio {ratio:.2f}"
+        )
 
 
 if __name__ == "__main__":

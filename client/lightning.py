@@ -13,9 +13,11 @@ save: a mid-epoch position's just before the next training step, an epoch end's 
 epoch's data iterator is made. A `ckpt_path=` given to `fit` wins.
 
 Exact (tested): mid-epoch positions with a resumable data loader (torchdata's `StatefulDataLoader`,
-shuffling), epoch ends with a plain `DataLoader`. Said at run time: a mid-epoch position with a plain
-`DataLoader` (Lightning restarts the epoch's data, and warns), an epoch end with a
-`StatefulDataLoader` (its restored state replays the saved epoch's order; this callback warns).
+shuffling), epoch ends with a plain `DataLoader` or a `StatefulDataLoader`. A resumable loader's own
+state at an epoch's end would replay the saved epoch's order, so at an epoch end the callback keeps
+its generators instead (as of the save) and gives them back just before the next epoch's iterator is
+made. Said at run time: a mid-epoch position with a plain `DataLoader` (Lightning restarts the
+epoch's data, and warns).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from client.audit import audit, judged
 from client.node import NodeCheckpointer
 from client.options import CheckpointOptions
 from client.torch.fingerprint import fingerprint
+from client.torch.loaders import generator_states, is_loader, set_generator_states
 from client.torch.state import flatten, rng_state, set_rng_state, unflatten
 
 __all__ = ["BackupAndRestore"]
@@ -41,6 +44,7 @@ __all__ = ["BackupAndRestore"]
 log = logging.getLogger("ckptstore.client")
 TREE_KEY = "lightning_checkpoint"  # manifest metadata: the checkpoint's tree (client/torch/state.py)
 RNG = "ckptstore_rng"  # the generators, beside Lightning's own keys
+LOADER_GENERATORS = "ckptstore_loader_generators"  # each training loader's generators as of the save
 
 
 class BackupAndRestore(pl.Callback):
@@ -75,14 +79,9 @@ class BackupAndRestore(pl.Callback):
         checkpoint = unflatten(json.loads(metadata[TREE_KEY]), restored.checkpoint.arrays)
         self._pending_rng = checkpoint.pop(RNG)
         self._resumed_mid_epoch = not restored.copy.position.is_end_of_epoch
-        loader_state = checkpoint.get("loops", {}).get("fit_loop", {}).get("state_dict", {}).get("combined_loader")
-        if not self._resumed_mid_epoch and loader_state:
-            log.warning(
-                "ckptstore: resuming %s at the end of an epoch with a resumable data loader (torchdata's "
-                "StatefulDataLoader): the next epoch's data order is not the saved run's. Mid-epoch saves "
-                "(every_n_train_steps=) resume exactly",
-                restored.copy.position,
-            )
+        generators = checkpoint.pop(LOADER_GENERATORS, None)
+        if not self._resumed_mid_epoch:
+            _next_epoch_from_generators(trainer, checkpoint, generators)
         _load_when_fit_resumes(trainer, checkpoint, f"ckptstore:{self.options.job}@{restored.copy.position}")
         self.checkpointer.resumed(restored, time.perf_counter() - started, report)
 
@@ -111,6 +110,7 @@ class BackupAndRestore(pl.Callback):
         assert self.checkpointer is not None, "setup runs first"
         checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
         checkpoint[RNG] = rng_state()
+        checkpoint[LOADER_GENERATORS] = [generator_states(loader) for loader in _training_loaders(trainer)]
         arrays: dict[str, Any] = {}
         tree = flatten(checkpoint, "lightning", arrays)
         # Async saves write in the background: from copies, since training goes on changing the tensors.
@@ -138,6 +138,41 @@ def _fingerprint(trainer: pl.Trainer, module: pl.LightningModule) -> dict[str, A
         length = len(loader.dataset) if hasattr(loader.dataset, "__len__") else None
         record["data"]["loader"] = {"type": type(loader).__name__, "batch_size": loader.batch_size, "length": length}
     return record
+
+
+def _training_loaders(trainer: pl.Trainer) -> list[Any]:
+    """The training data loaders Lightning iterates, flattened (its combined loader's)."""
+    combined = trainer.fit_loop._combined_loader
+    return [] if combined is None else [loader for loader in combined.flattened if is_loader(loader)]
+
+
+def _next_epoch_from_generators(trainer: pl.Trainer, checkpoint: dict[str, Any], generators: Any) -> None:
+    """Resuming at an epoch's end: the resumable loaders' own states would replay the saved epoch, so
+    they are not loaded; their generators are set to the save's just before the next epoch's iterator
+    is made, which then draws what the uninterrupted run drew. Without saved generators (a checkpoint
+    older than this), the states are loaded as Lightning would, and that is said."""
+    loop_state = checkpoint.get("loops", {}).get("fit_loop", {}).get("state_dict", {})
+    if not loop_state.get("combined_loader"):
+        return
+    if generators is None:
+        log.warning(
+            "ckptstore: resuming at an epoch's end from a checkpoint without the loaders' generators: a resumable "
+            "loader (torchdata's StatefulDataLoader) replays the saved epoch's order"
+        )
+        return
+    del loop_state["combined_loader"]
+    fit_loop = trainer.fit_loop
+    original = fit_loop._load_combined_loader_states
+
+    def load_then_set_generators() -> None:
+        fit_loop._load_combined_loader_states = original  # type: ignore[method-assign]
+        original()
+        loaders = _training_loaders(trainer)
+        same = len(loaders) == len(generators)
+        if not (same and all(set_generator_states(d, states) for d, states in zip(loaders, generators, strict=True))):
+            log.warning("ckptstore: the training loaders changed since the save: their generators start anew")
+
+    fit_loop._load_combined_loader_states = load_then_set_generators  # type: ignore[method-assign]
 
 
 def _load_when_fit_resumes(trainer: pl.Trainer, checkpoint: dict[str, Any], where: str) -> None:

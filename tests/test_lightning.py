@@ -1,7 +1,7 @@
 """`client.lightning.BackupAndRestore`: a Lightning `fit` (Dropout, AdamW, a shuffling loader;
 tests/lightning_job.py) SIGKILLed and run again with a plain `trainer.fit` ends bit-equal to an
-uninterrupted run — mid-epoch with torchdata's `StatefulDataLoader`, at an epoch's end with a plain
-`DataLoader`, past a corrupt newest copy; the resume that is not exact says so."""
+uninterrupted run — mid-epoch with torchdata's `StatefulDataLoader`, at an epoch's end with it or
+with a plain `DataLoader`, past a corrupt newest copy."""
 
 from __future__ import annotations
 
@@ -29,16 +29,20 @@ def uninterrupted(tmp_path_factory) -> dict[str, dict[str, np.ndarray]]:
 
 
 @pytest.mark.parametrize(
-    "flags", [(), ("--epochs-only", "--plain-loader")], ids=["mid-epoch-stateful-loader", "epoch-end-plain-loader"]
+    "flags",
+    [(), ("--epochs-only",), ("--epochs-only", "--plain-loader")],
+    ids=["mid-epoch-stateful-loader", "epoch-end-stateful-loader", "epoch-end-plain-loader"],
 )
 def test_a_fit_killed_resumes_bit_exactly(tmp_path, uninterrupted, flags):
     kill_at = int(np.random.default_rng().integers(STEPS_PER_EPOCH + 6, 2 * STEPS_PER_EPOCH))  # mid epoch 1
     run(tmp_path, "killed", *flags, kill_at=kill_at)
     stderr, final = run(tmp_path, "killed", *flags)
     # Steps 15 and 20 are batches 3 and 8 of epoch 1.
-    assert resumed_position(stderr) == (Position(0) if flags else Position(1, 3 if kill_at < 20 else 8))
+    epochs_only = "--epochs-only" in flags
+    assert resumed_position(stderr) == (Position(0) if epochs_only else Position(1, 3 if kill_at < 20 else 8))
     assert "resume audit: exact" in stderr, stderr[-2000:]
-    assert_same(final, uninterrupted["plain" if flags else "stateful"], at_least=12)
+    assert "epoch's order" not in stderr and "start anew" not in stderr, stderr[-2000:]
+    assert_same(final, uninterrupted["plain" if "--plain-loader" in flags else "stateful"], at_least=12)
 
 
 def test_a_corrupt_newest_copy_is_fallen_back_from(tmp_path, uninterrupted):
@@ -48,10 +52,3 @@ def test_a_corrupt_newest_copy_is_fallen_back_from(tmp_path, uninterrupted):
     stderr, final = run(tmp_path, "damaged")
     assert resumed_position(stderr) == Position(2, 1), stderr[-2000:]
     assert_same(final, uninterrupted["stateful"], at_least=12)
-
-
-def test_an_epoch_end_resume_with_a_stateful_loader_says_it_is_not_exact(tmp_path):
-    run(tmp_path, "stateful", "--epochs-only", kill_at=STEPS_PER_EPOCH + 8)
-    stderr, _ = run(tmp_path, "stateful", "--epochs-only")
-    assert resumed_position(stderr) == Position(0)
-    assert "the next epoch's data order is not the saved run's" in stderr, stderr[-2000:]

@@ -22,7 +22,14 @@ import torch
 
 from client.torch.sampler import ResumableSampler
 
-__all__ = ["is_loader", "generator_states", "replay_after_first_iterator", "data_fingerprint", "NEXT_INDICES"]
+__all__ = [
+    "is_loader",
+    "generator_states",
+    "set_generator_states",
+    "replay_after_first_iterator",
+    "data_fingerprint",
+    "NEXT_INDICES",
+]
 
 NEXT_INDICES = 64  # how many of the next sample indices the data fingerprint hashes
 
@@ -45,19 +52,28 @@ def generator_states(loader: Any) -> list[torch.Tensor]:
     return [generator.get_state() for generator in _generators(loader)]
 
 
+def set_generator_states(loader: Any, states: list[torch.Tensor]) -> bool:
+    """Set the loader's generators (sampler's first) to `states`; False, changing nothing, when a
+    generator was given or taken away since they were saved (the audit names it)."""
+    generators = _generators(loader)
+    if len(generators) != len(states):
+        return False
+    for generator, state in zip(generators, states, strict=True):
+        generator.set_state(state)
+    return True
+
+
 def replay_after_first_iterator(loader: Any, states: list[torch.Tensor], rng: torch.Tensor) -> None:
     """Once the loader's next iterator is made (the restored position replayed), set its generators
     to `states` and the global torch RNG to `rng`: as the uninterrupted run had them at the save."""
-    generators = _generators(loader)
-    if len(generators) != len(states):
-        return  # a generator given or taken away since the save (the audit names it): its own state is all there is
+    if len(_generators(loader)) != len(states):
+        return  # its own state is all there is
     make_iterator = loader._get_iterator
 
     def first_iterator() -> Any:
         del loader._get_iterator  # the class's own from now on
         iterator = make_iterator()
-        for generator, state in zip(generators, states):
-            generator.set_state(state)
+        set_generator_states(loader, states)
         torch.set_rng_state(rng)
         return iterator
 

@@ -49,8 +49,8 @@ def scope(method: Method, key: str, *, job: str, node: str, attempt: str, readab
     blob = parse_blob_key(key)
     if blob is not None and blob[:2] == (job, node):
         return True
-    if len(parts) > 4 and _is_reference(parts, job, node):
-        return False
+    if len(parts) > 4 and parts[0] in readable and _is_reference(parts, job, node):
+        return False  # its marker in the pool of a job it was forked from
     raise ApiError(
         403, "forbidden", f"{key!r} is outside {job}/{node}'s attempt {attempt} prefix and its blob pool: not writable"
     )

@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from ckptstore import CopyKey, Position
-from ckptstore.layout import blob_key
+from ckptstore.layout import blob_key, pool_reference
 from tests import builders
 from tests.conftest import service_settings
 from tests.live import LiveService
@@ -148,3 +148,7 @@ def test_a_fork_reads_the_job_it_was_forked_from(signing_service):
         child = started_job(http, root, nodes=("n0",), parent={"job": parent, "position": {"epoch": 0}})
         assert ask(http, child, "n0", "1", ("GET", key)).status_code == 200
         assert ask(http, child, "n0", "1", ("PUT", key)).status_code == 403, "but never writes there"
+        marker = pool_reference(parent, "n0", child, "n0")
+        assert ask(http, child, "n0", "1", ("PUT", marker)).status_code == 200, "but for its own marker"
+        stranger = started_job(http, root, nodes=("n0",))
+        assert ask(http, child, "n0", "1", ("PUT", pool_reference(stranger, "n0", child, "n0"))).status_code == 403

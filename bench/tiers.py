@@ -36,7 +36,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from bench.save_restore import PAGE, PeakRss, drop_caches, model_like, report, start_moto  # noqa: E402
-from ckptstore import Store  # noqa: E402
+from ckptstore import CheckpointRef, Store  # noqa: E402
 from ckptstore.storage import UPLOAD_PART_SIZE  # noqa: E402
 from ckptstore.store import DEFAULT_CONCURRENCY, DEFAULT_SHARD_SIZE  # noqa: E402
 
@@ -81,14 +81,18 @@ def blocked_per_save(gib: float, saves: int, reps: int, endpoint: str) -> dict:
     return {"state_GiB": state, "saves_per_run": saves, **rows}
 
 
+def blob_paths(store: Store, ref: CheckpointRef) -> list[str]:
+    """The files of a local copy's shards: blobs of the node's pool, named relative to the root."""
+    return [os.path.join(store.url, shard.file) for shard in ref.manifest.shards]
+
+
 def replication(gib: float, reps: int, endpoint: str) -> dict:
     work = tempfile.mkdtemp(dir=os.environ.get("BENCH_DIR"))
     local = Store(os.path.join(work, "local"))
     arrays = model_like(int(gib * 2**30))
     ref = local.save("job", "n0", 0, arrays, attempt="1")
     del arrays
-    shard_dir = ref.location
-    files = sorted(f for f in os.listdir(shard_dir) if f.startswith("tensors-"))
+    paths = blob_paths(local, ref)
     durable = Store("s3://bench/replication", storage_options={"endpoint_url": endpoint, **S3})
     fs = durable._storage.fs
     seconds: dict[str, list[float]] = {"raw s3fs put": [], "ckptstore replication": []}
@@ -96,11 +100,7 @@ def replication(gib: float, reps: int, endpoint: str) -> dict:
         for variant in list(seconds)[:: 1 if rep % 2 == 0 else -1]:
             started = time.perf_counter()
             if variant == "raw s3fs put":
-                fs.put(
-                    [os.path.join(shard_dir, f) for f in files],
-                    [f"bench/raw{rep}/{f}" for f in files],
-                    batch_size=DEFAULT_CONCURRENCY,
-                )
+                fs.put(paths, [f"bench/raw{rep}/{os.path.basename(p)}" for p in paths], batch_size=DEFAULT_CONCURRENCY)
             else:
                 target = Store(f"s3://bench/rep{rep}", storage_options={"endpoint_url": endpoint, **S3})
                 target.copy_from(local, ref.key, verify="sizes")
@@ -144,7 +144,7 @@ def restore_local(gib: float, reps: int) -> dict:
     arrays = model_like(int(gib * 2**30))
     ref = local.save("job", "n0", 0, arrays, attempt="1")
     del arrays
-    paths = [os.path.join(ref.location, s.file) for s in ref.manifest.shards]
+    paths = blob_paths(local, ref)
     seconds: dict[str, list[float]] = {"raw cold read": [], "ckptstore local restore": []}
     cold = True
     for rep in range(reps):

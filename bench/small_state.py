@@ -12,16 +12,17 @@ its own process, for a before/after in one run. Prints medians in ms and the rat
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import io
-import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench.trees import main_per_tree  # noqa: E402
 
 
 def measure(tree: str, reps: int) -> dict:
@@ -72,24 +73,10 @@ def measure(tree: str, reps: int) -> dict:
     return {"ckptstore_ms": statistics.median(a) * 1000, "torch_ms": statistics.median(b) * 1000}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reps", type=int, default=15)
-    parser.add_argument("--tree", nargs="*", default=[], help="also measure these source trees")
-    parser.add_argument("--measure", help=argparse.SUPPRESS)  # one tree, in this process (JSON out)
-    args = parser.parse_args()
-    if args.measure:
-        print(json.dumps(measure(args.measure, args.reps)))
-        return
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    for tree in [here, *args.tree]:
-        command = [sys.executable, __file__, "--measure", tree, "--reps", str(args.reps)]
-        result = json.loads(subprocess.run(command, check=True, capture_output=True, text=True).stdout)
-        ratio = result["ckptstore_ms"] / result["torch_ms"]
-        print(
-            f"{tree}: ckptstore {result['ckptstore_ms']:.1f} ms, torch {result['torch_ms']:.1f} ms, ratio {ratio:.2f}"
-        )
+def show(result: dict) -> str:
+    ratio = result["ckptstore_ms"] / result["torch_ms"]
+    return f"ckptstore {result['ckptstore_ms']:.1f} ms, torch {result['torch_ms']:.1f} ms, ratio {ratio:.2f}"
 
 
 if __name__ == "__main__":
-    main()
+    main_per_tree(__file__, __doc__, measure, show, reps=15)

@@ -12,14 +12,15 @@ of an older commit), each in its own process.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench.trees import main_per_tree  # noqa: E402
 
 
 def measure(tree: str, reps: int) -> dict:
@@ -75,24 +76,13 @@ def measure(tree: str, reps: int) -> dict:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--tree", nargs="*", default=[], help="also measure these source trees")
-    parser.add_argument("--measure", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.measure:
-        print(json.dumps(measure(args.measure, args.reps)))
-        return
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    for tree in [here, *args.tree]:
-        command = [sys.executable, __file__, "--measure", tree, "--reps", str(args.reps)]
-        r = json.loads(subprocess.run(command, check=True, capture_output=True, text=True).stdout)
-        print(
-            f"{tree}: save {r['save_ms']:.0f} ms (raw {r['raw_write_ms']:.0f}: {r['raw_write_ms'] / r['save_ms']:.2f}), "
-            f"load {r['load_ms']:.0f} ms (raw {r['raw_read_ms']:.0f}: {r['raw_read_ms'] / r['load_ms']:.2f})"
-        )
+def show(r: dict) -> str:
+    save, load = r["raw_write_ms"] / r["save_ms"], r["raw_read_ms"] / r["load_ms"]
+    return (
+        f"save {r['save_ms']:.0f} ms (raw {r['raw_write_ms']:.0f}: {save:.2f}), "
+        f"load {r['load_ms']:.0f} ms (raw {r['raw_read_ms']:.0f}: {load:.2f})"
+    )
 
 
 if __name__ == "__main__":
-    main()
+    main_per_tree(__file__, __doc__, measure, show, reps=5)

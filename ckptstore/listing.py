@@ -85,8 +85,8 @@ def committed_manifests(
 def newest_manifest(storage: Storage, job: str, node: str) -> list[Manifest]:
     """The node's newest committed copy's manifest ([] when none), read newest first until one parses:
     a save's dedup base, without reading every manifest of a node that kept many copies."""
-    for key in reversed(manifest_keys(storage, job, node, tier="durable")):
-        found = next(committed_manifests(storage, job, node, key.position, key.attempt), None)
+    for position, attempt in reversed(_manifest_prefixes(storage, job, node)):
+        found = next(committed_manifests(storage, job, node, position, attempt), None)
         if found is not None:
             return [found]
     return []
@@ -173,14 +173,14 @@ def list_checkpoints(
 def manifest_keys(storage: Storage, job: str, node: str, *, tier: Tier) -> list[CopyKey]:
     """The copies of a node whose prefix holds a manifest (committed, as far as names tell), from one
     listing and without reading a manifest."""
-    return sorted(
-        (
-            CopyKey(job, node, position, attempt, tier)
-            for (position, attempt), files in _attempt_prefixes(storage, job, node).items()
-            if any(f.relpath.endswith("/" + MANIFEST_NAME) for f in files)
-        ),
-        key=lambda key: (key.position, key.attempt_order),
-    )
+    return [CopyKey(job, node, position, attempt, tier) for position, attempt in _manifest_prefixes(storage, job, node)]
+
+
+def _manifest_prefixes(storage: Storage, job: str, node: str) -> list[tuple[Position, str]]:
+    """The (position, attempt) prefixes of a node holding a manifest, oldest first."""
+    prefixes = _attempt_prefixes(storage, job, node)
+    found = [p for p, files in prefixes.items() if any(f.relpath.endswith("/" + MANIFEST_NAME) for f in files)]
+    return sorted(found, key=lambda prefix: (prefix[0], attempt_sort_key(prefix[1])))
 
 
 def _attempt_prefixes(storage: Storage, job: str, node: str) -> dict[tuple[Position, str], list[StoredFile]]:

@@ -315,10 +315,8 @@ def _starts_fresh(job: str, node: str, why: str) -> None:
 def explain_resume(client: ServiceClient, job: str, node: str, resumed: Position, tiers: Mapping[Tier, Store]) -> None:
     """Say so when this node resumes behind newer copies of its own (they are not good: another node
     lacks them, or one is corrupt): those batches are trained again."""
-    newer = sorted(
-        {i.key.position for store in tiers.values() for i in store.list_checkpoints(job, node) if i.committed}
-    )
-    newer = [p for p in newer if p > resumed]
+    listed = {key.position for store in tiers.values() for key in store.manifest_keys(job, node)}  # no manifest read
+    newer = sorted(p for p in listed if p > resumed)
     if not newer:
         return
     reasons = _reasons([n for n in client.last_good_epoch(job).not_good if Position(n.epoch, n.batch) in newer])

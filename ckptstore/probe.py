@@ -13,7 +13,6 @@ from concurrent.futures import TimeoutError as FutureTimeout
 
 from ckptstore.errors import StorageUnavailableError
 from ckptstore.failures import failure_of
-from ckptstore.layout import PROBE_DIR
 from ckptstore.report import AccessReport
 from ckptstore.storage import Storage
 
@@ -26,12 +25,12 @@ _PROBES = ThreadPoolExecutor(max_workers=4, thread_name_prefix="ckptstore-probe"
 
 
 def probe_access(storage: Storage, *, timeout: float) -> AccessReport:
-    """Write, read back and delete a probe object under the root's probe folder; never raises."""
-    relpath = f"{PROBE_DIR}/{secrets.token_hex(8)}"
+    """Write, read back and delete a probe object in the storage's probe folder; never raises."""
+    relpath = f"{storage.probe_dir}/{secrets.token_hex(8)}"
     payload = b"ckptstore probe " + secrets.token_bytes(16)
 
     def probe() -> None:
-        storage.make_prefix(PROBE_DIR)
+        storage.make_prefix(storage.probe_dir)
         storage.write_object(relpath, [payload], len(payload))  # not published: nothing reads it but this
         try:
             if bytes(storage.read_object(relpath)) != payload:

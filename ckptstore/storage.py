@@ -33,7 +33,7 @@ from ckptstore import localfs
 from ckptstore.crc import Buffer
 from ckptstore.errors import CkptStoreError, StorageUnavailableError
 from ckptstore.failures import Failure, failure_of
-from ckptstore.layout import MANIFEST_TEMP_PREFIX
+from ckptstore.layout import MANIFEST_TEMP_PREFIX, PROBE_DIR
 from ckptstore.threads import map_threads
 
 __all__ = ["Storage", "StoredFile", "open_storage", "storage_error", "UPLOAD_PART_SIZE"]
@@ -122,12 +122,13 @@ def _parts(chunks: Iterable[memoryview | bytes], size: int) -> Iterable[memoryvi
 
 
 class Storage:
-    """One fsspec filesystem plus a root path; every path argument is relative to the root."""
+    """One fsspec filesystem and a root (path arguments are relative to it); probes go under `probe_dir`."""
 
-    def __init__(self, fs: fsspec.AbstractFileSystem, root: str):
+    def __init__(self, fs: fsspec.AbstractFileSystem, root: str, *, probe_dir: str = PROBE_DIR):
         self.fs = fs
         self.root = root.rstrip("/") or root
         self.is_local = isinstance(fs, LocalFileSystem)
+        self.probe_dir = probe_dir
 
     def path(self, relpath: str) -> str:
         return f"{self.root}/{relpath}" if relpath else self.root

@@ -25,11 +25,7 @@ from ckptstore.codec import Codec, check_codec
 from ckptstore.commit import commit_checkpoint, copy_checkpoint
 from ckptstore.copykey import CopyKey
 from ckptstore.deferred import read_deferred
-from ckptstore.errors import (
-    CheckpointNotFoundError,
-    CommitConflictError,
-    CorruptCheckpointError,
-)
+from ckptstore.errors import CheckpointNotFoundError, CommitConflictError, CorruptCheckpointError
 from ckptstore.layout import MANIFEST_NAME, PROBE_DIR, normalize_root, position_key
 from ckptstore.manifest import Manifest, ManifestError, parse_manifest
 from ckptstore.names import Tier, new_offline_attempt, validate_attempt, validate_name
@@ -50,7 +46,8 @@ DEFAULT_CONCURRENCY = 4
 
 class Store:
     """Checkpoints of many jobs and nodes under one storage root (any fsspec URL), the copies of one tier;
-    `codec` (default off) stores the blobs it writes encoded where that pays (`ckptstore.codec`)."""
+    `codec` (default off) stores the blobs it writes encoded where that pays (`ckptstore.codec`);
+    `storage`: the root already opened (a node's presigned data path, `client.presigned`)."""
 
     def __init__(
         self,
@@ -61,12 +58,13 @@ class Store:
         concurrency: int = DEFAULT_CONCURRENCY,
         tier: Tier = "durable",
         codec: Codec | None = None,
+        storage: Storage | None = None,
     ):
         if shard_size < 1 or concurrency < 1:
             raise ValueError("shard_size and concurrency must be positive")
         self.codec, self.tier = check_codec(codec), tier
         self.url, self.shard_size, self.concurrency = normalize_root(url), shard_size, concurrency
-        self._storage: Storage = open_storage(self.url, storage_options)
+        self._storage: Storage = storage or open_storage(self.url, storage_options)
         self._bases = blobs.Bases()
 
     def __repr__(self) -> str:

@@ -1,13 +1,13 @@
-"""One node's checkpoints of one job: attempt, restore (or a fork's start), save on its tiers,
-replication, reports to the service, retention; shared by the Keras callback, the loop managers and
-the DCP writer and reader. Failure behaviour (README, "Failure behaviour"): storage failing → the save is skipped with a warning, a health
-report and a counter, training goes on (unless on_error="raise"); the local tier failing → the save
-goes straight to the durable tier; the durable tier away → local saves go on and replication
-retries with backoff; service away → checkpoints still go to storage, every report to the service
-waits in a background queue (training never waits for it) and is re-posted when it answers, and
-restore finds the newest intact copy on storage; fenced (a newer attempt of this node exists) →
-FencedError, whatever on_error says. Who calls whom: the node drives the writer, the reports queue, the replicator and the retention
-thread; none of them calls back into another (the replicator hands each durable copy back here).
+"""One node's checkpoints of one job: attempt, restore (or a fork's start), save on its tiers, replication, reports to
+the service, retention; shared by the Keras callback, the loop managers and the DCP writer and reader. Failure
+behaviour (README, "Failure behaviour"): storage failing → the save is skipped with a warning, a health report and a
+counter, training goes on (unless on_error="raise"); the local tier failing → the save goes straight to the durable
+tier; the durable tier away → local saves go on and replication retries with backoff; service away → checkpoints
+still go to storage, every report to the service waits in a background queue (training never waits for it) and is re-
+posted when it answers, and restore finds the newest intact copy on storage; fenced (a newer attempt of this node
+exists) → FencedError, whatever on_error says. Who calls whom: the node drives the writer, the reports queue, the
+replicator and the retention thread; none of them calls back into another (the replicator hands each durable copy
+back here).
 """
 
 from __future__ import annotations
@@ -43,11 +43,13 @@ from client.service import ServiceClient
 from client.startup import (
     check_job,
     check_resume,
+    declare_first,
     fresh_anyway,
     highest_attempt_on_storage,
     probe_tiers,
     register_start,
 )
+from client.tiers import durable_tier, local_tier
 from client.wire import Commit, recordable
 from client.writer import SYNC_RETRY_S, BackgroundWriter, SaveCounts, write_retrying
 
@@ -69,10 +71,10 @@ class NodeCheckpointer:
         self.node = self.identity.checkpoint_node
         self.writes = self.identity.is_chief
         self.job = self.options.job
-        self.store = Store(self.options.storage, storage_options=self.options.storage_options, codec=self.options.codec)
-        self.local_store = self._local_tier()
         self.client = ServiceClient(self.options.service, token=self.options.token) if self.options.service else None
         self.attempt: str | None = None
+        self.store = durable_tier(self.options, self.client, self.node, lambda: self.attempt)
+        self.local_store = local_tier(self.options, self.identity)
         self.fenced = False
         self.saves = SaveCounts()
         self.declared: JobInfo | None = None  # the job as the service has it, once known
@@ -112,17 +114,6 @@ class NodeCheckpointer:
         nodes = self.options.expected_nodes(self.node) if self.options.nodes is not None else self.declared.nodes
         check_job(self.declared, identity=self.identity, nodes=nodes, storage=self.store.url)
 
-    def _local_tier(self) -> Store | None:
-        if self.options.local_storage is None or not self.writes:
-            return None
-        if self.identity.shared_restore:
-            log.warning(
-                "local_storage is not used under a multi-worker TF_CONFIG: every worker restores the chief's "
-                "checkpoints, so they go straight to the durable tier"
-            )
-            return None
-        return Store(self.options.local_storage, tier="local")
-
     @property
     def tiers(self) -> dict[Tier, Store]:
         """The tiers this process reads, nearest first."""
@@ -137,10 +128,12 @@ class NodeCheckpointer:
         write register nothing (`client.startup`)."""
         if not self.writes or self.attempt is not None:
             return
+        local_root = None if self.local_store is None else self.local_store.url
+        if self.options.presigned and self.client is not None and self.declared is None:
+            self.declared = declare_first(self.client, self.options, self.identity, self.store.url, local_root)
         probe_tiers(self.tiers)
         if self.client is not None:
             try:
-                local_root = None if self.local_store is None else self.local_store.url
                 self.declared, self.attempt, self._answered = register_start(
                     self.client, self.options, self.identity, self.declared, self.tiers, local_root
                 )

@@ -88,6 +88,9 @@ class CheckpointOptions:
         None: storage only): a replica that fails is skipped for the next.
     node: this process's node name (default: CKPTSTORE_NODE, TF_CONFIG, RANK, …, the host name).
     storage_options: options for the fsspec filesystem (endpoint_url, key, …).
+    presigned: the durable tier without storage credentials: every read and write goes through
+        short-lived URLs the service signs for this node (default CKPTSTORE_PRESIGNED; needs `service` and
+        an s3:// `storage`; docs/operations.md, "Presigned URLs").
     token: bearer token for the service (default CKPTSTORE_TOKEN).
     on_error: "warn" skips a save that storage refuses and goes on; "raise" stops training.
     async_save: write in the background (the save returns once the state is copied to host memory).
@@ -126,6 +129,7 @@ class CheckpointOptions:
     service: str | list[str] | None = None
     node: str | None = None
     storage_options: dict[str, Any] = field(default_factory=dict)
+    presigned: bool = False
     token: str | None = None
     on_error: OnError = "warn"
     async_save: bool = True
@@ -157,7 +161,8 @@ class CheckpointOptions:
         given.setdefault("fork_from", os.environ.get("CKPTSTORE_FORK_FROM") or None)
         given.setdefault("codec", os.environ.get("CKPTSTORE_CODEC") or None)
         given.setdefault("resume_check", os.environ.get("CKPTSTORE_RESUME_CHECK") or "warn")
-        given.setdefault("fresh_start", os.environ.get("CKPTSTORE_FRESH_START", "").lower() in ("1", "true", "yes"))
+        given.setdefault("fresh_start", _flag("CKPTSTORE_FRESH_START"))
+        given.setdefault("presigned", _flag("CKPTSTORE_PRESIGNED"))
         if not given["job"]:
             raise ValueError("no job: pass job= or set CKPTSTORE_JOB")
         if not given["storage"]:
@@ -197,6 +202,8 @@ class CheckpointOptions:
         for url in service_urls(self.service):
             check_service_url(url)
         check_codec(self.codec)
+        if self.presigned and (not self.service or not self.storage.startswith("s3://")):
+            raise ValueError("presigned=True needs the service (it signs the URLs) and an s3:// storage root")
         if self.on_error not in ("warn", "raise"):
             raise ValueError(f"on_error must be 'warn' or 'raise', got {self.on_error!r}")
         if self.resume_check not in ("warn", "raise", "off"):
@@ -211,3 +218,7 @@ class CheckpointOptions:
             raise ValueError(f"local_max_to_keep must be a positive integer, got {self.local_max_to_keep!r}")
         if self.local_max_to_keep < 1:
             raise ValueError(f"local_max_to_keep must be a positive integer, got {self.local_max_to_keep!r}")
+
+
+def _flag(name: str) -> bool:
+    return os.environ.get(name, "").lower() in ("1", "true", "yes")

@@ -20,12 +20,11 @@ from pydantic import BaseModel
 
 from ckptstore import tracing
 from ckptstore.copykey import CopyKey
-from ckptstore.errors import (
-    ServiceUnavailableError,
-)
+from ckptstore.errors import ServiceUnavailableError
 from ckptstore.events import Event
 from ckptstore.names import attempt_number, validate_attempt, validate_name
 from ckptstore.position import Position
+from ckptstore.presign_schema import SignedUrls, UrlsRequest
 from ckptstore.report import AccessReport, CheckpointRef
 from ckptstore.schema import (
     AttemptInfo,
@@ -367,6 +366,10 @@ class ServiceClient:
         if node is not None:
             params["node"] = node
         return self._call("GET", self._job_path(job) + "/last-good-epoch", params=params, parse=LastGood.model_validate)
+
+    def presigned_urls(self, job: str, node: str, wanted: UrlsRequest) -> SignedUrls:
+        """Short-lived URLs to the node's objects, signed by the service (`client.signed_urls`)."""
+        return self._call("POST", self._node_path(job, node) + "/urls", body=wanted, parse=SignedUrls.model_validate)
 
     def retention_plan(self, job: str) -> RetentionPlan:
         return self._call("GET", self._job_path(job) + "/gc-plan", parse=RetentionPlan.model_validate)

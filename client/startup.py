@@ -57,6 +57,7 @@ __all__ = [
     "check_resume",
     "fresh_anyway",
     "declare_job",
+    "declare_first",
     "declaration_changes",
     "register_start",
     "start_in_one_request",
@@ -144,6 +145,19 @@ def declare_job(
         retention=retention,
         parent=options.parent,
     )
+
+
+def declare_first(
+    client: ServiceClient, options: CheckpointOptions, identity: NodeIdentity, storage: str, local_root: str | None
+) -> JobInfo | None:
+    """Declare the job before anything touches storage: a node on the presigned data path reads and
+    writes only through URLs the service signs, and it signs only for a job it knows. None while the
+    service is away (the storage is then out of reach as well, and said so by the probe)."""
+    try:
+        return declare_job(client, options, identity, storage, local_root)
+    except ServiceUnavailableError as exc:
+        log.warning("service unreachable (%s): the job is declared at start", exc)
+        return None
 
 
 def declaration_changes(

@@ -15,18 +15,17 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Collection, Mapping
-from typing import Any, Literal
+from typing import Any
 
 from ckptstore.errors import InvalidNameError
-from ckptstore.layout import parse_blob_key, parse_position_dirname, pool_reference
+from ckptstore.layout import PROBE_DIR, parse_blob_key, parse_position_dirname, pool_reference
 from ckptstore.names import validate_attempt
-from ckptstore.presign_schema import SignedUrl
+from ckptstore.presign_schema import SignedUrl, UrlWanted
 from server.errors import ApiError
 
 __all__ = ["scope", "Signer", "CREATE_ONLY", "valid_attempt"]
 
 CREATE_ONLY = {"If-None-Match": "*"}
-Method = Literal["GET", "PUT"]
 
 
 def _segments(key: str) -> list[str]:
@@ -36,13 +35,22 @@ def _segments(key: str) -> list[str]:
     return parts
 
 
-def scope(method: Method, key: str, *, job: str, node: str, attempt: str, readable: Collection[str]) -> bool:
-    """Check that `key` is the node's to read or write (403 otherwise); whether a write is create-only."""
-    parts = _segments(key)
-    if method == "GET":
+def scope(wanted: UrlWanted, *, job: str, node: str, attempt: str | None, readable: Collection[str]) -> bool:
+    """Check that `wanted` is the node's to ask for (403 otherwise; a write without `attempt` 422);
+    whether its write is create-only."""
+    parts, key = _segments(wanted.key), wanted.key
+    if wanted.method in ("GET", "HEAD", "LIST"):
         if parts[0] in readable:
             return False
         raise ApiError(403, "forbidden", f"{key!r} is not under job {job!r} or a job it was forked from")
+    if len(parts) == 4 and parts[:3] == [job, node, PROBE_DIR]:
+        return False  # the node's storage probe: a throwaway object, written before any attempt
+    if attempt is None:
+        raise ApiError.invalid(f"{wanted.method} {key!r} writes: it needs the node's current `attempt`")
+    if wanted.method == "DELETE" and wanted.upload_id is None:
+        if (len(parts) > 2 and parts[:2] == [job, node]) or _is_reference(parts, job, node):
+            return False
+        raise ApiError(403, "forbidden", f"{key!r} is not {job}/{node}'s to delete")
     if len(parts) == 5 and parts[:2] == [job, node] and parts[3] == attempt:
         if parse_position_dirname(parts[2]) is not None:
             return False
@@ -63,6 +71,32 @@ def _is_reference(parts: list[str], job: str, node: str) -> bool:
         return False
 
 
+def _operation(wanted: UrlWanted, bucket: str, key: str, create_only: bool) -> tuple[str, dict[str, Any]]:
+    """The S3 operation and its parameters that `wanted` signs."""
+    params: dict[str, Any] = {"Bucket": bucket, "Key": key}
+    if wanted.method == "LIST":
+        params = {"Bucket": bucket, "Prefix": key + "/"}
+        if wanted.delimiter:
+            params["Delimiter"] = "/"
+        if wanted.continuation is not None:
+            params["ContinuationToken"] = wanted.continuation
+        return "list_objects_v2", params
+    if wanted.upload_id is not None:
+        params["UploadId"] = wanted.upload_id
+    if create_only and wanted.method in ("PUT", "POST") and wanted.part is None:
+        if wanted.method == "PUT" or wanted.upload_id is not None:
+            params["IfNoneMatch"] = "*"  # a single upload, or a multipart upload's completion
+    if wanted.method == "PUT":
+        if wanted.part is None:
+            return "put_object", params
+        return "upload_part", params | {"PartNumber": wanted.part}
+    if wanted.method == "POST":
+        return ("complete_multipart_upload" if wanted.upload_id else "create_multipart_upload"), params
+    if wanted.method == "DELETE":
+        return ("abort_multipart_upload" if wanted.upload_id else "delete_object"), params
+    return {"GET": "get_object", "HEAD": "head_object"}[wanted.method], params
+
+
 class Signer:
     """Presigns S3 requests per storage root, with a botocore client per root (made once)."""
 
@@ -71,16 +105,15 @@ class Signer:
         self._clients: dict[str, Any] = {}
         self._lock = threading.Lock()
 
-    def sign(self, root: str, method: Method, key: str, expires_s: int, *, create_only: bool) -> SignedUrl:
+    def sign(self, root: str, wanted: UrlWanted, expires_s: int, *, create_only: bool) -> SignedUrl:
         if not root.startswith("s3://"):
             raise ApiError.invalid(f"presigned URLs need an s3:// storage root; the job's is {root!r}")
         bucket, _, prefix = root.removeprefix("s3://").partition("/")
-        params: dict[str, Any] = {"Bucket": bucket, "Key": f"{prefix.strip('/')}/{key}".lstrip("/")}
-        if create_only:
-            params["IfNoneMatch"] = "*"
-        operation = "get_object" if method == "GET" else "put_object"
+        key = f"{prefix.strip('/')}/{wanted.key}".lstrip("/")
+        operation, params = _operation(wanted, bucket, key, create_only)
         url = self._client(root).generate_presigned_url(operation, Params=params, ExpiresIn=expires_s)
-        return SignedUrl(method=method, key=key, url=url, headers=dict(CREATE_ONLY) if create_only else {})
+        headers = dict(CREATE_ONLY) if "IfNoneMatch" in params else {}
+        return SignedUrl(method=wanted.method, key=wanted.key, url=url, headers=headers)
 
     def _client(self, root: str) -> Any:
         with self._lock:

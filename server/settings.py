@@ -79,7 +79,7 @@ class Settings(BaseSettings):
         "(s3fs's option names); presigned URLs for that root are signed with them, else with the AWS_* environment",
     )
     url_expiry_seconds: int = Field(
-        default=900, ge=10, le=12 * 3600, description="how long a presigned URL lasts unless the request asks less"
+        default=900, ge=1, le=12 * 3600, description="how long a presigned URL lasts unless the request asks less"
     )
     max_body_bytes: int = Field(default=1 << 20, ge=1024, description="largest request body accepted (413 above)")
     trusted_hosts: str = Field(

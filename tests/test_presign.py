@@ -152,3 +152,63 @@ def test_a_fork_reads_the_job_it_was_forked_from(signing_service):
         assert ask(http, child, "n0", "1", ("PUT", marker)).status_code == 200, "but for its own marker"
         stranger = started_job(http, root, nodes=("n0",))
         assert ask(http, child, "n0", "1", ("PUT", pool_reference(stranger, "n0", child, "n0"))).status_code == 403
+
+
+def wants(attempt, *objects: dict) -> dict:
+    return {"attempt": attempt, "objects": list(objects)}
+
+
+def test_listings_deletes_and_multipart_uploads_are_scoped_like_reads_and_writes(signing_service):
+    live, root = signing_service
+    with live.client() as http:
+        job, other = started_job(http, root), started_job(http, root)
+        urls = f"/v1/jobs/{job}/nodes/n0/urls"
+        own = f"{CopyKey(job, 'n0', Position(2), '1').relpath}/manifest.json"
+        allowed = [
+            ("1", {"method": "LIST", "key": job, "delimiter": True}),
+            ("1", {"method": "LIST", "key": f"{job}/n1", "continuation": "token"}),
+            ("1", {"method": "HEAD", "key": own.replace("/n0/", "/n1/")}),
+            ("1", {"method": "DELETE", "key": own.replace("/1/manifest", "/0/manifest")}),  # an older attempt's copy
+            ("1", {"method": "DELETE", "key": blob_key(job, "n0", "ab" * 16)}),
+            ("1", {"method": "POST", "key": own}),
+            ("1", {"method": "PUT", "key": own, "upload_id": "u", "part": 3}),
+            ("1", {"method": "POST", "key": own, "upload_id": "u"}),
+            ("1", {"method": "DELETE", "key": own, "upload_id": "u"}),
+            (None, {"method": "GET", "key": own}),
+            (None, {"method": "LIST", "key": f"{job}/n0"}),
+            (None, {"method": "PUT", "key": f"{job}/n0/.ckptstore-probe/abc"}),
+            (None, {"method": "DELETE", "key": f"{job}/n0/.ckptstore-probe/abc"}),
+        ]
+        for attempt, wanted in allowed:
+            answer = http.post(urls, json=wants(attempt, wanted))
+            assert answer.status_code == 200, (wanted, answer.text)
+        refused = [
+            ("1", {"method": "LIST", "key": other}, 403),
+            ("1", {"method": "DELETE", "key": own.replace("/n0/", "/n1/")}, 403),
+            ("1", {"method": "DELETE", "key": f"{job}/n0"}, 403),
+            ("1", {"method": "POST", "key": own.replace("/n0/", "/n1/")}, 403),
+            (
+                "1",
+                {"method": "PUT", "key": own.replace("/1/manifest", "/0/manifest"), "upload_id": "u", "part": 1},
+                403,
+            ),
+            ("1", {"method": "PUT", "key": f"{job}/n1/.ckptstore-probe/abc"}, 403),
+            (None, {"method": "PUT", "key": own}, 422),
+            (None, {"method": "DELETE", "key": own}, 422),
+            ("1", {"method": "GET", "key": own, "part": 1}, 422),
+            ("1", {"method": "PUT", "key": own, "upload_id": "u"}, 422),
+            ("1", {"method": "GET", "key": own, "delimiter": True}, 422),
+        ]
+        for attempt, wanted, status in refused:
+            answer = http.post(urls, json=wants(attempt, wanted))
+            assert answer.status_code == status, (wanted, answer.text)
+        signed = http.post(urls, json=wants("1", {"method": "LIST", "key": job, "delimiter": True})).json()["urls"][0]
+        query = dict(parse_qsl(urlsplit(signed["url"]).query))
+        assert query["prefix"] == f"{job}/{job}/" and query["delimiter"] == "/", "a listing never reaches past the job"
+        assert signature_matches(signed["url"], "GET", {})
+        complete = http.post(
+            urls, json=wants("1", {"method": "POST", "key": blob_key(job, "n0", "cd" * 16), "upload_id": "u"})
+        )
+        assert complete.json()["urls"][0]["headers"] == {"If-None-Match": "*"}, (
+            "a blob's multipart upload is create-only"
+        )

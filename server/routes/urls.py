@@ -22,26 +22,23 @@ router = APIRouter(prefix="/v1/jobs/{job}", tags=["urls"], responses=COMMON_ERRO
 
 @router.post("/nodes/{node}/urls", response_model=SignedUrls)
 def presigned_urls(job: JobName, node: NodeName, body: UrlsRequest, db: DbDep, request: Request) -> SignedUrls:
-    """Short-lived URLs for the node's current attempt: writes under its own attempt prefix (blobs of its
-    pool create-only), reads under the job and the jobs it was forked from. An attempt older than the
-    node's newest registered one is fenced (409) and gets none; nothing is signed unless every object
-    asked for is in scope (403)."""
-    attempt = valid_attempt(body.attempt)
+    """Short-lived URLs for the node: writes under its current attempt's prefix (blobs of its pool
+    create-only), deletes under its own folder, reads and listings under the job and the jobs it was
+    forked from. An attempt older than the node's newest registered one is fenced (409) and gets none;
+    nothing is signed unless every object asked for is in scope (403)."""
+    attempt = None if body.attempt is None else valid_attempt(body.attempt)
     with db.read() as session:
         row = records.find_job(session, job)
         records.require_node(session, row, node)
         newest = session.scalar(select(func.max(Attempt.number)).where(Attempt.job_id == row.id, Attempt.node == node))
         ancestors = lineage.lineage(session, row).ancestors
-    if newest is None or int(attempt) != newest:
+    if attempt is not None and (newest is None or int(attempt) != newest):
         raise ApiError(409, "fenced", f"attempt {attempt} of {node} is not its newest registered attempt ({newest})")
     readable = {job, *(point.job for point in ancestors)}
     settings = request.app.state.settings
     expires_s = body.expires_s or settings.url_expiry_seconds
-    wanted = [
-        (o.method, o.key, scope(o.method, o.key, job=job, node=node, attempt=attempt, readable=readable))
-        for o in body.objects
-    ]
+    wanted = [(o, scope(o, job=job, node=node, attempt=attempt, readable=readable)) for o in body.objects]
     signer = request.app.state.signer
-    urls = [signer.sign(row.storage_root, m, key, expires_s, create_only=create) for m, key, create in wanted]
+    urls = [signer.sign(row.storage_root, o, expires_s, create_only=create) for o, create in wanted]
     METRICS.presigned_urls.inc(len(urls))
-    return SignedUrls(expires_at=time.time() + expires_s, urls=urls)
+    return SignedUrls(expires_at=time.time() + expires_s, expires_s=expires_s, urls=urls)

@@ -13,6 +13,7 @@ service's environment (`AWS_*`) or `storage_options` for the job's root in its s
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Collection, Mapping
 from typing import Any
@@ -130,7 +131,9 @@ class Signer:
 
 def _s3_client(options: Mapping[str, Any]) -> Any:
     """A botocore S3 client from s3fs-style options (`key`, `secret`, `token`, `endpoint_url`,
-    `client_kwargs`: {"region_name"}); what is not given comes from the environment (AWS_*)."""
+    `client_kwargs`: {"region_name"}); what is not given comes from the environment (AWS_*, the
+    endpoint from AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL). An S3-compatible endpoint is addressed by
+    path (`http://minio:9000/bucket/key`), as MinIO and moto expect."""
     try:
         import botocore.session
         from botocore.config import Config
@@ -138,15 +141,17 @@ def _s3_client(options: Mapping[str, Any]) -> Any:
         raise ApiError(503, "unavailable", "this service cannot sign URLs: install ckptstore[s3] (botocore)") from None
 
     region = options.get("client_kwargs", {}).get("region_name") or options.get("region_name")
-    addressing = "path" if options.get("endpoint_url") else "auto"
+    endpoint = (
+        options.get("endpoint_url") or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    )
     return botocore.session.get_session().create_client(
         "s3",
-        endpoint_url=options.get("endpoint_url"),
+        endpoint_url=endpoint,
         aws_access_key_id=options.get("key"),
         aws_secret_access_key=options.get("secret"),
         aws_session_token=options.get("token"),
         region_name=region or "us-east-1",
-        config=Config(signature_version="s3v4", s3={"addressing_style": addressing}),
+        config=Config(signature_version="s3v4", s3={"addressing_style": "path" if endpoint else "auto"}),
     )
 
 

@@ -4,12 +4,15 @@ Keras job that is killed and resumed."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import re
 import shutil
 import subprocess
 import sys
 import uuid
+from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -21,6 +24,7 @@ from tests.servers import free_port
 from tests.test_training import baseline, final_state, job_args, run_job
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MINIO = "http://minio:9000"
 VARIABLE = re.compile(r"\$\{(\w+)(?::-([^}]*))?\}")
 
 
@@ -42,7 +46,7 @@ def environment(service: dict, env: dict[str, str] | None = None) -> dict[str, s
 def test_compose_file_structure(compose):
     assert "version" not in compose, "the top-level version key is obsolete"
     services = compose["services"]
-    assert set(services) == {"minio", "mc", "postgres", "ckptstore", "replica-a", "replica-b", "nginx"}
+    assert set(services) == {"minio", "mc", "postgres", "ckptstore", "replica-a", "replica-b", "nginx", "trainer"}
     minio, mc, postgres, ckpt = (services[s] for s in ("minio", "mc", "postgres", "ckptstore"))
     for name, service in (("minio", minio), ("mc", mc)):
         image = interpolate(service["image"], {})
@@ -91,12 +95,17 @@ def test_compose_wiring_agrees_between_services(compose):
     assert "USER ckptstore" in dockerfile, "the service does not run as root"
 
 
-def test_service_started_as_compose_says_serves_a_killed_and_resumed_keras_job(compose, moto_s3, tmp_path):
+@contextlib.contextmanager
+def compose_service(compose: dict, moto_s3, tmp_path) -> Iterator[tuple[str, dict[str, str]]]:
+    """The service started exactly as the compose file's command and environment say — MinIO's
+    endpoint swapped for moto's, the database volume for a temp dir —: its URL and environment."""
     service = compose["services"]["ckptstore"]
     env = environment(service)
     db_mount = next(v for v in service["volumes"] if v.startswith("ckptstore-db:")).split(":")[1]
     env["CKPTSTORE_DB_URL"] = env["CKPTSTORE_DB_URL"].replace(db_mount, str(tmp_path))  # the named volume
-    env["AWS_ENDPOINT_URL"] = moto_s3.endpoint_url  # minio:9000 → moto on loopback
+    for name in ("AWS_ENDPOINT_URL", "CKPTSTORE_STORAGE_OPTIONS"):
+        assert MINIO in env[name], name
+        env[name] = env[name].replace(MINIO, moto_s3.endpoint_url)  # minio:9000 → moto on loopback
     port = free_port()
     command = [arg if arg != "8080" else str(port) for arg in service["command"]]
     command[0] = shutil.which(command[0], path=os.path.dirname(sys.executable)) or command[0]
@@ -112,6 +121,14 @@ def test_service_started_as_compose_says_serves_a_killed_and_resumed_keras_job(c
                 return False
 
         wait_for(ready, timeout=60, interval=0.2, what="the compose service")
+        yield url, env
+    finally:
+        process.terminate()
+        process.wait(timeout=20)
+
+
+def test_service_started_as_compose_says_serves_a_killed_and_resumed_keras_job(compose, moto_s3, tmp_path):
+    with compose_service(compose, moto_s3, tmp_path) as (url, env):
         args = ["--mode", "keras", "--save-freq", "4", "--spe", "1"]
         job = f"compose-{uuid.uuid4().hex[:6]}"
         common = job_args(env["CKPTSTORE_STORAGE"], job, *args, "--endpoint", moto_s3.endpoint_url, service=url)
@@ -123,9 +140,34 @@ def test_service_started_as_compose_says_serves_a_killed_and_resumed_keras_job(c
         assert answer["epoch"] == 5 and answer["nodes"]["n0"]["location"].startswith(env["CKPTSTORE_STORAGE"])
         health = httpx.get(f"{url}/v1/jobs/{job}/health", params={"probe": "true"}).json()
         assert health["probe"]["cp_accessible"] is True, "the service reaches S3 with the compose credentials"
-    finally:
-        process.terminate()
-        process.wait(timeout=20)
+
+
+def test_the_trainer_holds_no_credentials_and_is_killed_and_resumed_through_signed_urls(compose, moto_s3, tmp_path):
+    trainer = compose["services"]["trainer"]
+    env = environment(trainer)
+    assert trainer["profiles"] == ["train"] and env["CKPTSTORE_PRESIGNED"] == "1"
+    assert not [name for name in env if name.startswith("AWS_")], "no storage credentials in the trainer"
+    assert trainer["depends_on"] == {"ckptstore": {"condition": "service_healthy"}}
+    with open(os.path.join(ROOT, trainer["build"]["dockerfile"])) as handle:
+        dockerfile = handle.read()
+    assert re.findall(r'pip install "([^"]+)"', dockerfile) == [".[tf]"], "no S3 client in the trainer's image"
+    assert json.loads(re.search(r"^CMD (\[.*\])$", dockerfile, re.M).group(1)) == trainer["command"]
+    script, flag, service, storage, kill = trainer["command"][1:]
+    assert (script, flag, kill) == ("scripts/demo.py", "--train", "-")
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "CKPTSTORE_"))}
+    with compose_service(compose, moto_s3, tmp_path) as (url, served):
+        assert service == "http://ckptstore:8080" and storage == served["CKPTSTORE_STORAGE"]
+        train = [sys.executable, script, flag, url, storage]
+        killed = subprocess.run(
+            [*train, "3,14"], env=clean | env, cwd=ROOT, capture_output=True, text=True, timeout=300
+        )
+        assert killed.returncode == -9, killed.stderr[-2000:]
+        resumed = subprocess.run([*train, kill], env=clean | env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert resumed.returncode == 0, resumed.stderr[-2000:]
+        # killed at once (the demo's SIGKILL does not wait for the save in flight): a mid-epoch-3 position
+        assert re.search(r"\[train\] resumed from epoch 3 batch (4|8|12) ", resumed.stdout), resumed.stdout
+        answer = httpx.get(f"{url}/v1/jobs/demo/last-good-epoch").json()
+        assert answer["epoch"] == 5 and answer["nodes"]["worker-0"]["location"].startswith(storage)
 
 
 def test_scale_profile_runs_two_replicas_over_postgres_behind_the_documented_nginx(compose):

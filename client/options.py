@@ -90,7 +90,7 @@ class CheckpointOptions:
     storage_options: options for the fsspec filesystem (endpoint_url, key, …).
     presigned: the durable tier without storage credentials: every read and write goes through
         short-lived URLs the service signs for this node (default CKPTSTORE_PRESIGNED; needs `service` and
-        an s3:// `storage`; docs/operations.md, "Presigned URLs").
+        an s3:// or gs:// `storage`; docs/operations.md, "Presigned URLs").
     token: bearer token for the service (default CKPTSTORE_TOKEN).
     on_error: "warn" skips a save that storage refuses and goes on; "raise" stops training.
     async_save: write in the background (the save returns once the state is copied to host memory).
@@ -202,8 +202,8 @@ class CheckpointOptions:
         for url in service_urls(self.service):
             check_service_url(url)
         check_codec(self.codec)
-        if self.presigned and (not self.service or not self.storage.startswith("s3://")):
-            raise ValueError("presigned=True needs the service (it signs the URLs) and an s3:// storage root")
+        if self.presigned and (not self.service or not self.storage.startswith(("s3://", "gs://"))):
+            raise ValueError("presigned=True needs the service (it signs the URLs) and an s3:// or gs:// storage root")
         if self.on_error not in ("warn", "raise"):
             raise ValueError(f"on_error must be 'warn' or 'raise', got {self.on_error!r}")
         if self.resume_check not in ("warn", "raise", "off"):

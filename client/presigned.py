@@ -39,7 +39,7 @@ __all__ = ["PresignedFileSystem", "presigned_storage"]
 _TRIES = 4  # for a store that fails now (5xx, a lost connection)
 _PARTS_AHEAD = 8  # part URLs asked for at once: one request to the service per 64 MiB uploaded
 _CONCURRENCY = 16  # requests in flight for a batch of reads, listings' deletes
-_S3 = "{http://s3.amazonaws.com/doc/2006-03-01/}"
+_XML = "{*}"  # S3 answers in its namespace, GCS's XML API in another
 
 
 class PresignedFileSystem(AbstractFileSystem):
@@ -191,18 +191,18 @@ class PresignedFileSystem(AbstractFileSystem):
         while True:
             wanted = UrlWanted(method="LIST", key=key, delimiter=delimiter, continuation=continuation)
             page = ElementTree.fromstring(self.request(wanted).content)
-            for item in page.iter(f"{_S3}Contents"):
-                modified = item.findtext(f"{_S3}LastModified")
+            for item in page.iter(f"{_XML}Contents"):
+                modified = item.findtext(f"{_XML}LastModified")
                 yield {
-                    "name": self._path_of(item.findtext(f"{_S3}Key", "")),
-                    "size": int(item.findtext(f"{_S3}Size", "0")),
+                    "name": self._path_of(item.findtext(f"{_XML}Key", "")),
+                    "size": int(item.findtext(f"{_XML}Size", "0")),
                     "type": "file",
                     "LastModified": modified,
                 }
-            for prefix in page.iter(f"{_S3}CommonPrefixes"):
-                yield {"name": self._path_of(prefix.findtext(f"{_S3}Prefix", "")), "size": 0, "type": "directory"}
-            continuation = page.findtext(f"{_S3}NextContinuationToken")
-            if page.findtext(f"{_S3}IsTruncated") != "true" or not continuation:
+            for prefix in page.iter(f"{_XML}CommonPrefixes"):
+                yield {"name": self._path_of(prefix.findtext(f"{_XML}Prefix", "")), "size": 0, "type": "directory"}
+            continuation = page.findtext(f"{_XML}NextContinuationToken")
+            if page.findtext(f"{_XML}IsTruncated") != "true" or not continuation:
                 return
 
     # -- writing and deleting --------------------------------------------------------------------
@@ -322,8 +322,8 @@ def _status_error(wanted: UrlWanted, response: httpx.Response) -> OSError:
 
 
 def presigned_storage(root_url: str, urls: SignedUrlSource, *, job: str, node: str) -> Storage:
-    """A `Storage` over the job's root `root_url` (`s3://bucket/prefix`) whose every call goes through
+    """A `Storage` over the job's root `root_url` (`s3://` or `gs://bucket/prefix`) whose every call goes through
     URLs from `urls`; the probe writes under the node's own folder (the service signs nothing else
     before the node has an attempt)."""
-    root = root_url.removeprefix("s3://").rstrip("/")
+    root = root_url.split("://", 1)[-1].rstrip("/")
     return Storage(PresignedFileSystem(root, urls), root, probe_dir=f"{job}/{node}/{PROBE_DIR}")

@@ -13,7 +13,6 @@ service's environment (`AWS_*`) or `storage_options` for the job's root in its s
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Collection, Mapping
 from typing import Any
@@ -23,10 +22,10 @@ from ckptstore.layout import PROBE_DIR, parse_blob_key, parse_position_dirname, 
 from ckptstore.names import validate_attempt
 from ckptstore.presign_schema import SignedUrl, UrlWanted
 from server.errors import ApiError
+from server.sign_gcs import GcsSigning
+from server.sign_s3 import S3Signing, Signing
 
-__all__ = ["scope", "Signer", "CREATE_ONLY", "valid_attempt"]
-
-CREATE_ONLY = {"If-None-Match": "*"}
+__all__ = ["scope", "Signer", "valid_attempt"]
 
 
 def _segments(key: str) -> list[str]:
@@ -72,87 +71,37 @@ def _is_reference(parts: list[str], job: str, node: str) -> bool:
         return False
 
 
-def _operation(wanted: UrlWanted, bucket: str, key: str, create_only: bool) -> tuple[str, dict[str, Any]]:
-    """The S3 operation and its parameters that `wanted` signs."""
-    params: dict[str, Any] = {"Bucket": bucket, "Key": key}
-    if wanted.method == "LIST":
-        params = {"Bucket": bucket, "Prefix": key + "/"}
-        if wanted.delimiter:
-            params["Delimiter"] = "/"
-        if wanted.continuation is not None:
-            params["ContinuationToken"] = wanted.continuation
-        return "list_objects_v2", params
-    if wanted.upload_id is not None:
-        params["UploadId"] = wanted.upload_id
-    if create_only and wanted.method in ("PUT", "POST") and wanted.part is None:
-        if wanted.method == "PUT" or wanted.upload_id is not None:
-            params["IfNoneMatch"] = "*"  # a single upload, or a multipart upload's completion
-    if wanted.method == "PUT":
-        if wanted.part is None:
-            return "put_object", params
-        return "upload_part", params | {"PartNumber": wanted.part}
-    if wanted.method == "POST":
-        return ("complete_multipart_upload" if wanted.upload_id else "create_multipart_upload"), params
-    if wanted.method == "DELETE":
-        return ("abort_multipart_upload" if wanted.upload_id else "delete_object"), params
-    return {"GET": "get_object", "HEAD": "head_object"}[wanted.method], params
-
-
 class Signer:
-    """Presigns S3 requests per storage root, with a botocore client per root (made once)."""
+    """Presigns requests per storage root — S3 (`server.sign_s3`) or GCS (`server.sign_gcs`) — with one
+    signing client per root (made on first use, from the options of the longest configured root it
+    lies under)."""
 
     def __init__(self, storage_options: Mapping[str, Mapping[str, Any]]):
         self._options = {root.rstrip("/"): dict(options) for root, options in storage_options.items()}
-        self._clients: dict[str, Any] = {}
+        self._clients: dict[str, Signing] = {}
         self._lock = threading.Lock()
 
     def sign(self, root: str, wanted: UrlWanted, expires_s: int, *, create_only: bool) -> SignedUrl:
-        if not root.startswith("s3://"):
-            raise ApiError.invalid(f"presigned URLs need an s3:// storage root; the job's is {root!r}")
-        bucket, _, prefix = root.removeprefix("s3://").partition("/")
+        scheme, _, path = root.partition("://")
+        if scheme not in ("s3", "gs"):
+            raise ApiError.invalid(f"presigned URLs need an s3:// or gs:// storage root; the job's is {root!r}")
+        bucket, _, prefix = path.partition("/")
         key = f"{prefix.strip('/')}/{wanted.key}".lstrip("/")
-        operation, params = _operation(wanted, bucket, key, create_only)
-        url = self._client(root).generate_presigned_url(operation, Params=params, ExpiresIn=expires_s)
-        headers = dict(CREATE_ONLY) if "IfNoneMatch" in params else {}
+        url, headers = self._client(root, scheme).sign(bucket, key, wanted, expires_s, create_only=create_only)
         return SignedUrl(method=wanted.method, key=wanted.key, url=url, headers=headers)
 
-    def _client(self, root: str) -> Any:
+    def _client(self, root: str, scheme: str) -> Signing:
         with self._lock:
             found = self._clients.get(root)
             if found is None:
-                found = self._clients[root] = _s3_client(self._options_for(root))
+                options = self._options_for(root)
+                found = self._clients[root] = S3Signing(options) if scheme == "s3" else GcsSigning(options)
             return found
 
     def _options_for(self, root: str) -> dict[str, Any]:
         """The options of the longest configured root that `root` lies under (whole segments), or none."""
         matches = [r for r in self._options if root == r or root.startswith(r + "/")]
         return self._options[max(matches, key=len)] if matches else {}
-
-
-def _s3_client(options: Mapping[str, Any]) -> Any:
-    """A botocore S3 client from s3fs-style options (`key`, `secret`, `token`, `endpoint_url`,
-    `client_kwargs`: {"region_name"}); what is not given comes from the environment (AWS_*, the
-    endpoint from AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL). An S3-compatible endpoint is addressed by
-    path (`http://minio:9000/bucket/key`), as MinIO and moto expect."""
-    try:
-        import botocore.session
-        from botocore.config import Config
-    except ImportError:
-        raise ApiError(503, "unavailable", "this service cannot sign URLs: install ckptstore[s3] (botocore)") from None
-
-    region = options.get("client_kwargs", {}).get("region_name") or options.get("region_name")
-    endpoint = (
-        options.get("endpoint_url") or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-    )
-    return botocore.session.get_session().create_client(
-        "s3",
-        endpoint_url=endpoint,
-        aws_access_key_id=options.get("key"),
-        aws_secret_access_key=options.get("secret"),
-        aws_session_token=options.get("token"),
-        region_name=region or "us-east-1",
-        config=Config(signature_version="s3v4", s3={"addressing_style": "path" if endpoint else "auto"}),
-    )
 
 
 def valid_attempt(attempt: str) -> str:

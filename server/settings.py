@@ -76,7 +76,8 @@ class Settings(BaseSettings):
     storage_options: dict[str, dict[str, Any]] = Field(
         default_factory=dict,
         description='per storage root, as JSON: {"s3://bucket": {"endpoint_url": …, "key": …, "secret": …}} '
-        "(s3fs's option names); presigned URLs for that root are signed with them, else with the AWS_* environment",
+        "(s3fs's and gcsfs' option names); presigned URLs for that root are signed with them, else with the "
+        "AWS_* environment or GOOGLE_APPLICATION_CREDENTIALS",
     )
     url_expiry_seconds: int = Field(
         default=900, ge=1, le=12 * 3600, description="how long a presigned URL lasts unless the request asks less"

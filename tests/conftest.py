@@ -67,7 +67,9 @@ def service_settings(tmp: str, db_url: str, **overrides) -> Any:
     from server.settings import Settings
 
     storage = f"{tmp}/storage"
-    return Settings(db_url=db_url, storage=storage, storage_roots=f"{storage},s3://ckpt,memory://ckpt", **overrides)
+    return Settings(
+        **{"db_url": db_url, "storage": storage, "storage_roots": f"{storage},s3://ckpt,memory://ckpt"} | overrides
+    )
 
 
 @pytest.fixture(scope="session")

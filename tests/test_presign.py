@@ -11,6 +11,8 @@ signatures are checked here by signing the same request again with the same cred
 from __future__ import annotations
 
 import datetime
+import json
+import re
 import time
 import uuid
 from unittest import mock
@@ -212,3 +214,105 @@ def test_listings_deletes_and_multipart_uploads_are_scoped_like_reads_and_writes
         assert complete.json()["urls"][0]["headers"] == {"If-None-Match": "*"}, (
             "a blob's multipart upload is create-only"
         )
+
+
+@pytest.fixture(scope="module")
+def gcs_signing_service(tmp_path_factory, gcs_emulator):
+    """The service signing for the GCS emulator with a service account of its own (a fresh RSA key)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    tmp = tmp_path_factory.mktemp("presign-gcs")
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    ).decode()
+    account = {
+        "type": "service_account",
+        "project_id": "test",
+        "private_key_id": "k1",
+        "private_key": pem,
+        "client_email": "ckptstore@test.iam.gserviceaccount.com",
+        "client_id": "1",
+        "token_uri": "https://oauth2.googleapis.com/token",
+    }
+    path = tmp / "account.json"
+    path.write_text(json.dumps(account))
+    options = {f"gs://{gcs_emulator.bucket}": {"endpoint_url": gcs_emulator.endpoint_url, "token": str(path)}}
+    settings = service_settings(
+        str(tmp), f"sqlite:///{tmp}/db.sqlite", storage_options=options, storage_roots=f"gs://{gcs_emulator.bucket}"
+    )
+    live = LiveService(settings)
+    yield live, f"gs://{gcs_emulator.bucket}", key.public_key()
+    live.stop()
+
+
+def gcs_signature_valid(url: str, method: str, headers: dict[str, str], public_key) -> bool:
+    """Whether `url` carries a GOOG4-RSA-SHA256 signature of its own canonical request (GCS's V4 scheme,
+    rebuilt here from the URL) by the service account's key."""
+    import hashlib
+    from urllib.parse import quote
+
+    from cryptography.exceptions import InvalidSignature
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import padding
+
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    signature = dict(query)["X-Goog-Signature"]
+    kept = sorted((k, v) for k, v in query if k != "X-Goog-Signature")
+    canonical_query = "&".join(f"{quote(k, safe='-_.~')}={quote(v, safe='-_.~')}" for k, v in kept)
+    signed = {"host": parts.netloc} | {k.lower(): v for k, v in headers.items()}
+    names = dict(query)["X-Goog-SignedHeaders"]
+    if any(name not in signed for name in names.split(";")):
+        return False  # a header the signature covers is not sent
+    canonical_headers = "".join(f"{name}:{signed[name]}\n" for name in names.split(";"))
+    request = "\n".join([method, parts.path, canonical_query, canonical_headers, names, "UNSIGNED-PAYLOAD"])
+    scope = dict(query)["X-Goog-Credential"].split("/", 1)[1]
+    to_sign = "\n".join(
+        ["GOOG4-RSA-SHA256", dict(query)["X-Goog-Date"], scope, hashlib.sha256(request.encode()).hexdigest()]
+    )
+    try:
+        public_key.verify(bytes.fromhex(signature), to_sign.encode(), padding.PKCS1v15(), hashes.SHA256())
+    except InvalidSignature:
+        return False
+    return True
+
+
+def test_gcs_urls_are_v4_signed_by_the_service_account_and_scoped_alike(gcs_signing_service):
+    """GCS roots get V4 signed URLs (GOOG4-RSA-SHA256) with the same scope as S3's. The emulator here
+    (gcp-storage-emulator) serves the XML API's plain GET (ranges too) and PUT of `/bucket/object`
+    and checks no signature, no expiry and no precondition — and has no XML listing, HEAD, DELETE
+    or multipart upload; so the signatures are checked here against the account's public key, and
+    those requests only as far as their URLs."""
+    live, root, public_key = gcs_signing_service
+    with live.client() as http:
+        job = started_job(http, root)
+        manifest = f"{CopyKey(job, 'n0', Position(0), '1').relpath}/manifest.json"
+        blob = blob_key(job, "n0", "ef" * 16)
+        answer = ask(http, job, "n0", "1", ("PUT", manifest), ("GET", manifest), ("PUT", blob))
+        assert answer.status_code == 200, answer.text
+        put, get, put_blob = answer.json()["urls"]
+        assert urlsplit(put["url"]).path == f"/{root.removeprefix('gs://')}/{job}/{manifest}"
+        assert httpx.put(put["url"], content=b"the manifest").status_code == 200
+        assert httpx.get(get["url"]).content == b"the manifest"
+        assert httpx.get(get["url"], headers={"Range": "bytes=4-11"}).content == b"manifest"
+        assert put_blob["headers"] == {"x-goog-if-generation-match": "0"}, "a blob's upload is create-only"
+        for url, method, headers in ((put, "PUT", {}), (get, "GET", {}), (put_blob, "PUT", put_blob["headers"])):
+            assert gcs_signature_valid(url["url"], method, headers, public_key), url["url"]
+        assert not gcs_signature_valid(put_blob["url"], "PUT", {}, public_key), "the precondition is signed"
+        elsewhere = put["url"].replace(f"/{job}/n0/", f"/{job}/n1/")
+        assert not gcs_signature_valid(elsewhere, "PUT", {}, public_key), "the signature covers the object"
+        forged = re.sub(r"X-Goog-Signature=[0-9a-f]+", "X-Goog-Signature=" + "0" * 512, get["url"])
+        assert not gcs_signature_valid(forged, "GET", {}, public_key)
+        assert httpx.get(forged).content == b"the manifest", "the emulator checks no signature: these tests do"
+        listing = http.post(
+            f"/v1/jobs/{job}/nodes/n0/urls",
+            json=wants("1", {"method": "LIST", "key": job, "delimiter": True}, {"method": "POST", "key": blob}),
+        ).json()["urls"]
+        query = dict(parse_qsl(urlsplit(listing[0]["url"]).query, keep_blank_values=True))
+        assert (query["list-type"], query["prefix"], query["delimiter"]) == ("2", f"{job}/{job}/", "/")
+        assert gcs_signature_valid(listing[0]["url"], "GET", {}, public_key)
+        assert "uploads" in dict(parse_qsl(urlsplit(listing[1]["url"]).query, keep_blank_values=True))
+        assert gcs_signature_valid(listing[1]["url"], "POST", {}, public_key)
+        assert ask(http, job, "n0", "1", ("PUT", manifest.replace("/n0/", "/n1/"))).status_code == 403

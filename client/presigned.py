@@ -191,7 +191,7 @@ class PresignedFileSystem(AbstractFileSystem):
         while True:
             wanted = UrlWanted(method="LIST", key=key, delimiter=delimiter, continuation=continuation)
             page = ElementTree.fromstring(self.request(wanted).content)
-            for item in page.iter(f"{_XML}Contents"):
+            for item in page.findall(f"{_XML}Contents"):
                 modified = item.findtext(f"{_XML}LastModified")
                 yield {
                     "name": self._path_of(item.findtext(f"{_XML}Key", "")),
@@ -199,7 +199,7 @@ class PresignedFileSystem(AbstractFileSystem):
                     "type": "file",
                     "LastModified": modified,
                 }
-            for prefix in page.iter(f"{_XML}CommonPrefixes"):
+            for prefix in page.findall(f"{_XML}CommonPrefixes"):
                 yield {"name": self._path_of(prefix.findtext(f"{_XML}Prefix", "")), "size": 0, "type": "directory"}
             continuation = page.findtext(f"{_XML}NextContinuationToken")
             if page.findtext(f"{_XML}IsTruncated") != "true" or not continuation:

@@ -297,3 +297,33 @@ def test_the_documented_callback_takes_the_presigned_path(monkeypatch, moto_s3):
     exec(compile(textwrap.dedent(code), "docs/operations.md", "exec"), namespace)
     store = namespace["backup"].manager.checkpointer.store
     assert store.url == "s3://ckpt/runs" and isinstance(store._storage.fs, PresignedFileSystem)
+
+
+def test_retention_deletes_copies_and_their_blobs_through_urls(short_lived_urls, moto_s3, tmp_path):
+    from ckptstore.blobs import referenced
+    from client.torch import CheckpointManager
+
+    storage, job = f"s3://{moto_s3.bucket}/kept-{uuid.uuid4().hex[:6]}", f"kept-{uuid.uuid4().hex[:6]}"
+    model = torch.nn.Linear(32, 32)
+    manager = CheckpointManager(
+        objects={"model": model},
+        storage=storage,
+        service=short_lived_urls.url,
+        job=job,
+        node="n0",
+        presigned=True,
+        max_to_keep=2,
+        local_storage=str(tmp_path / "local"),
+    )
+    manager.restore_or_initialize()
+    for epoch in range(5):
+        with torch.no_grad():
+            model.weight.add_(1.0)
+        manager.save(epoch)
+        manager.wait()
+    manager.close()
+    durable = Store(storage, storage_options=moto_s3.options)
+    assert durable.list_positions(job, "n0") == [Position(3), Position(4)]
+    live = referenced(durable.manifest(copy) for p in (3, 4) for copy in durable.copies(job, "n0", Position(p)))
+    pool = {f"{job}/n0/.blobs/{f.relpath}" for f in durable._storage.find(f"{job}/n0/.blobs")}
+    assert pool == set(live), "the blobs only deleted copies used went with them"

@@ -327,3 +327,88 @@ def test_retention_deletes_copies_and_their_blobs_through_urls(short_lived_urls,
     live = referenced(durable.manifest(copy) for p in (3, 4) for copy in durable.copies(job, "n0", Position(p)))
     pool = {f"{job}/n0/.blobs/{f.relpath}" for f in durable._storage.find(f"{job}/n0/.blobs")}
     assert pool == set(live), "the blobs only deleted copies used went with them"
+
+
+class ExpiringFront:
+    """An HTTP front for moto that refuses an expired presigned URL as S3 does (403, `Request has
+    expired`) by its own clock, `skew_s` ahead of everyone else's (moto itself checks no expiry)."""
+
+    def __init__(self, upstream: str, skew_s: float):
+        import http.server
+        import threading
+
+        front = self
+        self.refused = 0
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _forward(self) -> None:
+                query = dict(parse_qsl(urlsplit(self.path).query))
+                if "X-Amz-Date" in query:
+                    signed = calendar.timegm(time.strptime(query["X-Amz-Date"], "%Y%m%dT%H%M%SZ"))
+                    if time.time() + skew_s > signed + int(query["X-Amz-Expires"]):
+                        front.refused += 1
+                        body = b"<Error><Code>AccessDenied</Code><Message>Request has expired</Message></Error>"
+                        self.send_response(403)
+                        self.send_header("Content-Length", str(len(body)))
+                        self.end_headers()
+                        self.wfile.write(body)
+                        return
+                length = int(self.headers.get("Content-Length") or 0)
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "content-length")}
+                answer = httpx.request(
+                    self.command, upstream + self.path, headers=headers, content=self.rfile.read(length)
+                )
+                self.send_response(answer.status_code)
+                for name, value in answer.headers.items():
+                    if name.lower() not in ("content-length", "transfer-encoding", "connection", "content-encoding"):
+                        self.send_header(name, value)
+                self.send_header("Content-Length", str(len(answer.content)))
+                self.end_headers()
+                self.wfile.write(answer.content)
+
+            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _forward
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+def test_a_url_the_store_finds_expired_is_asked_for_again_and_the_save_goes_through(tmp_path, moto_s3):
+    from client.torch import CheckpointManager
+
+    front = ExpiringFront(moto_s3.endpoint_url, skew_s=4)  # the store's clock runs 4 s ahead
+    options = {f"s3://{moto_s3.bucket}": moto_s3.options | {"endpoint_url": front.url}}
+    settings = service_settings(str(tmp_path), f"sqlite:///{tmp_path}/db.sqlite", storage_options=options)
+    live = LiveService(settings.model_copy(update={"url_expiry_seconds": 10}))
+    storage, job = f"s3://{moto_s3.bucket}/skew-{uuid.uuid4().hex[:6]}", f"skew-{uuid.uuid4().hex[:6]}"
+    model = torch.nn.Linear(64, 64)
+    try:
+        manager = CheckpointManager(
+            objects={"model": model},
+            storage=storage,
+            service=live.url,
+            job=job,
+            node="n0",
+            presigned=True,
+            async_save=False,
+        )
+        assert manager.restore_or_initialize() == 0
+        store = manager.checkpointer.store
+        for epoch in range(2):
+            with torch.no_grad():
+                model.weight.add_(1.0)
+            manager.save(epoch)
+            manager.wait()
+            assert store.manifest(store.copies(job, "n0", Position(0))[-1]).position == Position(0)
+            if epoch == 0:
+                time.sleep(6.5)  # the URLs kept are fresh by the node's clock (8 s), expired by the store's (6 s)
+        assert manager.checkpointer.saves.committed == 2 and manager.checkpointer.skipped_saves == 0
+        manager.close()
+    finally:
+        live.stop()
+        front.server.shutdown()
+    assert front.refused > 0, "the store refused URLs it found expired"
+    assert Store(storage, storage_options=moto_s3.options).list_positions(job, "n0") == [Position(0), Position(1)]

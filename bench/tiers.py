@@ -12,7 +12,8 @@
   in a fresh process, as at a restart.
 - keras-restore: end-to-end `restore_or_initialize()` of a Keras model with GIB of weights (3 × GIB
   of state with Adam), cold, each run in a fresh process: this tree against the previous release
-  (`git archive PREVIOUS` on PYTHONPATH), interleaved.
+  (`git archive PREVIOUS` on PYTHONPATH) and a raw read of the same blob files into new buffers (4
+  threads), interleaved.
 - s3-rss: extra RSS during a GIB `Store.save` to S3 (after a warm-up save), against the stated
   bound: uploads in flight × part size + 64 MiB.
 """
@@ -36,7 +37,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from bench.save_restore import PAGE, PeakRss, drop_caches, model_like, report, start_moto  # noqa: E402
-from ckptstore import CheckpointRef, Store  # noqa: E402
+from ckptstore import CheckpointRef, Position, Store  # noqa: E402
 from ckptstore.storage import UPLOAD_PART_SIZE  # noqa: E402
 from ckptstore.store import DEFAULT_CONCURRENCY, DEFAULT_SHARD_SIZE  # noqa: E402
 
@@ -191,9 +192,19 @@ def keras_restore(gib: float, reps: int, previous: str) -> dict:
     storage, mib = os.path.join(work, "ckpt"), str(int(gib * 1024))
     child = [sys.executable, "-c", KERAS_CHILD]
     subprocess.run([*child, ROOT, ROOT, storage, mib, "save"], check=True, capture_output=True)
-    seconds: dict[str, list[float]] = {f"previous release ({previous})": [], "this tree": []}
+    saved = Store(storage)
+    copy = saved.copies("restore", "n0", Position(0))[-1]
+    paths = [os.path.join(saved.url, shard.file) for shard in saved.manifest(copy).shards]
+    raw = "raw cold read into new buffers"
+    seconds: dict[str, list[float]] = {f"previous release ({previous})": [], "this tree": [], raw: []}
     for rep in range(reps):
-        for variant in list(seconds)[:: 1 if rep % 2 == 0 else -1]:
+        for variant in list(seconds)[rep % 3 :] + list(seconds)[: rep % 3]:
+            if variant == raw:
+                drop_caches()
+                read = [sys.executable, "-c", READ_CHILD, ROOT, "raw", storage, *paths]
+                out = subprocess.run(read, capture_output=True, text=True, check=True)
+                seconds[variant].append(float(out.stdout.strip().splitlines()[-1]))
+                continue
             code = release if variant.startswith("previous") else ROOT
             env = os.environ | {"PYTHONPATH": code}
             out = subprocess.run([*child, code, ROOT, storage, mib, "load"], capture_output=True, text=True, env=env)
@@ -204,8 +215,8 @@ def keras_restore(gib: float, reps: int, previous: str) -> dict:
             seconds[variant].append(result["seconds"])
     shutil.rmtree(work, ignore_errors=True)
     rows = {k: {"median_s": median(v), "all_s": v} for k, v in seconds.items()}
-    old, new = (rows[k]["median_s"] for k in seconds)
-    return {"weights_GiB": gib, "state_GiB": 3 * gib, "speedup": old / new, **rows}
+    old, new, floor = (rows[k]["median_s"] for k in seconds)
+    return {"weights_GiB": gib, "state_GiB": 3 * gib, "speedup": old / new, "ratio_to_raw": floor / new, **rows}
 
 
 def s3_rss(gib: float, endpoint: str) -> dict:

@@ -2,14 +2,15 @@
 
 A copy (`CopyKey`) is one committed attempt of one node's checkpoint at one position on one tier.
 Tiers are named, nearest first (`local`, then `durable`). Invariant: `read_nearest_intact` returns a
-checkpoint only after every byte of it verified; each copy it passes over is reported (`Skipped`:
+checkpoint only after every byte of it verified (but with `one_pass`: its sizes, the bytes as they are
+read into place, `ckptstore.deferred`); each copy it passes over is reported (`Skipped`:
 `corrupt` or `missing`, with the reason) so the caller can mark it and no later restart trips on
 it. A storage outage is not a verdict on a copy: it propagates as StorageUnavailableError.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -55,11 +56,18 @@ class NoIntactCopyError(CheckpointNotFoundError):
 
 
 def read_nearest_intact(
-    tiers: Mapping[Tier, Store], job: str, node: str, position: Position, *, deferred: bool = False
+    tiers: Mapping[Tier, Store],
+    job: str,
+    node: str,
+    position: Position,
+    *,
+    deferred: bool = False,
+    one_pass: bool = False,
+    exclude: Collection[CopyKey] = (),
 ) -> Restored:
     """The nearest intact copy of `node`'s checkpoint at `position`: tiers in `TIERS` order, newest
-    attempt first within a tier, every byte verified before it is returned (`deferred`: see
-    `Store.read_copy`).
+    attempt first within a tier, but those in `exclude`, every byte verified before it is returned
+    (`deferred`, `one_pass`: see `Store.read_copy`).
 
     Raises NoIntactCopyError (a CheckpointNotFoundError) naming every copy tried when none verifies.
     """
@@ -69,8 +77,10 @@ def read_nearest_intact(
         if store is None:
             continue
         for copy in reversed(store.copies(job, node, position)):
+            if copy in exclude:
+                continue
             try:
-                loaded = store.read_copy(copy, deferred=deferred)
+                loaded = store.read_copy(copy, deferred=deferred, one_pass=one_pass)
             except CorruptCheckpointError as exc:
                 skipped.append(Skipped(copy, "missing" if exc.missing else "corrupt", str(exc)))
                 continue

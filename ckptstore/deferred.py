@@ -1,15 +1,19 @@
-"""A verified local checkpoint whose tensors are read where they are needed, not into new memory.
+"""A local checkpoint whose tensors are read where they are needed, not into new memory.
 
 A restore into a live model used to read every shard into new buffers, then hand them to the
 framework: on this project's VMs faulting in fresh memory costs ~0.6 s per GiB, more than the disk
-takes to read it, and the process briefly held the state twice. `read_deferred` verifies the whole
-copy first (every shard's size and CRC32C, read through the page cache into a few reused buffers),
-then `VerifiedTensors.read_into` copies each tensor from the cache straight into the memory that
-will hold it (a model's variables) and checks its CRC32C there.
+takes to read it, and the process briefly held the state twice. `read_deferred` checks the copy
+first, then `VerifiedTensors.read_into` copies each tensor straight into the memory that will hold
+it (a model's variables) and checks its CRC32C there. How much is checked first:
 
-Invariant: nothing reaches a target before the whole copy verified; a tensor whose bytes changed
-between the check and the copy (a file rewritten underneath, never done by ckptstore) raises
-CorruptCheckpointError — the targets then hold a mix and must not be trained on.
+- `one_pass=False`: every shard's size and CRC32C, read through the page cache; nothing reaches a
+  target before the whole copy verified, and a tensor whose bytes changed between the check and the
+  copy (a file rewritten underneath, never done by ckptstore) raises CorruptCheckpointError.
+- `one_pass=True`: every shard's size only (a missing or cut shard fails before anything is read);
+  each byte is then read once, into its target, and checked there. A damaged tensor raises
+  CorruptCheckpointError after earlier targets were filled: the targets hold a mix, and the caller
+  must overwrite every one of them from another copy or raise — never train on them
+  (`client.manager.LoopManager.restore_or_initialize` does the first; docs/design.md, "One pass").
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from ckptstore.manifest import Manifest, ShardRecord, TensorRecord
 from ckptstore.shard import numpy_dtype
 from ckptstore.storage import Storage
 from ckptstore.threads import map_threads
-from ckptstore.verify import as_array, raise_first, read_verified, scan_shards
+from ckptstore.verify import as_array, raise_first, read_verified, scan_shards, size_problems
 
 __all__ = ["VerifiedTensors", "read_deferred"]
 
@@ -35,9 +39,12 @@ class VerifiedTensors(Mapping[str, np.ndarray]):
     """The tensors of a verified copy on local disk, by name; `tensors[name]` reads one into new
     memory (checked)."""
 
-    def __init__(self, storage: Storage, key: str, manifest: Manifest, *, location: str, concurrency: int):
+    def __init__(
+        self, storage: Storage, key: str, manifest: Manifest, *, location: str, concurrency: int, verified: bool
+    ):
         self._storage, self._key, self._manifest = storage, key, manifest
         self._location, self._concurrency = location, concurrency
+        self._verified = verified  # every shard was checked whole before any read_into
         self._records = {t.name: t for t in manifest.tensors}
 
     def __getitem__(self, name: str) -> np.ndarray:
@@ -86,8 +93,9 @@ class VerifiedTensors(Mapping[str, np.ndarray]):
                         break
                     filled += got
                 if filled != record.nbytes or format_crc(checksum(view)) != record.crc32c:
+                    how = "changed after it was verified" if self._verified else "does not match its checksum"
                     raise CorruptCheckpointError(
-                        f"tensor {record.name!r} in {file} of {self._location} changed after it was verified",
+                        f"tensor {record.name!r} in {file} of {self._location} {how}",
                         location=self._location,
                         file=file,
                     )
@@ -96,13 +104,16 @@ class VerifiedTensors(Mapping[str, np.ndarray]):
 
 
 def read_deferred(
-    storage: Storage, key: str, manifest: Manifest, *, location: str, concurrency: int
+    storage: Storage, key: str, manifest: Manifest, *, location: str, concurrency: int, one_pass: bool = False
 ) -> Mapping[str, np.ndarray]:
-    """The copy at `key`, every shard verified: on local disk as `VerifiedTensors` (bytes left in the
-    page cache), elsewhere — or where a blob is stored encoded — read whole as `read_verified` does (a
+    """The copy at `key`, checked as `one_pass` says (module docstring): on local disk as `VerifiedTensors`,
+    elsewhere — or where a blob is stored encoded — read whole and verified as `read_verified` does (a
     second download would cost more than new memory; an encoded blob is decoded into new memory anyway)."""
     if not storage.is_local or any(shard.codec is not None for shard in manifest.shards):
         return read_verified(storage, key, manifest, location=location, concurrency=concurrency)
-    problems, _, _ = scan_shards(storage, key, manifest, concurrency=concurrency)
-    raise_first(problems, location)
-    return VerifiedTensors(storage, key, manifest, location=location, concurrency=concurrency)
+    if one_pass:
+        raise_first(size_problems(storage, key, manifest), location)
+    else:
+        problems, _, _ = scan_shards(storage, key, manifest, concurrency=concurrency)
+        raise_first(problems, location)
+    return VerifiedTensors(storage, key, manifest, location=location, concurrency=concurrency, verified=not one_pass)

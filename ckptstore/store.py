@@ -11,6 +11,7 @@ exists), `storage` (the backend and its error boundary).
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -250,16 +251,16 @@ class Store:
                 f"the manifest of {location} does not verify: {exc}", location=location, file=MANIFEST_NAME
             ) from None
 
-    def read_copy(self, key: CopyKey, *, deferred: bool = False) -> LoadedCheckpoint:
+    def read_copy(self, key: CopyKey, *, deferred: bool = False, one_pass: bool = False) -> LoadedCheckpoint:
         """One copy, verified, with no fallback; `deferred`: its tensors are read when used
-        (`ckptstore.deferred`: straight into a model's memory) where the store is local.
+        (`ckptstore.deferred`: straight into a model's memory, checked `one_pass`) where the store is local.
 
         Raises CheckpointNotFoundError when the prefix holds no manifest (not committed), and
         CorruptCheckpointError when its manifest or its bytes do not verify.
         """
         manifest = self.manifest(key)
         location = self.location(key)
-        read = read_deferred if deferred else read_verified
+        read = functools.partial(read_deferred, one_pass=one_pass) if deferred else read_verified
         try:
             arrays = read(self._storage, key.relpath, manifest, location=location, concurrency=self.concurrency)
         except CorruptCheckpointError as exc:

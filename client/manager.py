@@ -14,6 +14,7 @@ import numpy as np
 
 from ckptstore import Position, tracing
 from ckptstore.copies import Restored
+from ckptstore.errors import CorruptCheckpointError
 from ckptstore.schema import ResumeAudit
 from client.audit import audit, judged, mid_epoch_without_data
 from client.cadence import SaveCadence, SaveEvery
@@ -95,15 +96,22 @@ class LoopManager:
         """
         self.preemption.install()
         started = time.perf_counter()
-        restored = self.checkpointer.start()
-        if restored is not None:
+        restored = self.checkpointer.start(one_pass=True)
+        while restored is not None:
             checkpoint = restored.checkpoint
-            self.audit = self._audit(restored)
-            with tracing.span(
-                "ckptstore.restore.assign", **self._where(restored.copy.position), bytes=checkpoint.manifest.total_bytes
-            ):
-                self._apply(checkpoint.arrays, checkpoint.manifest.metadata)
+            try:
+                self.audit = self._audit(restored)  # reads the small tensors it compares, checked as they land
+                with tracing.span(
+                    "ckptstore.restore.assign",
+                    **self._where(restored.copy.position),
+                    bytes=checkpoint.manifest.total_bytes,
+                ):
+                    self._apply(checkpoint.arrays, checkpoint.manifest.metadata)
+            except CorruptCheckpointError as exc:  # a tensor failed its check where it landed: overwrite them all
+                restored = self.checkpointer.fall_back(restored, exc)
+                continue
             self.checkpointer.resumed(restored, time.perf_counter() - started, self.audit)
+            break
         self.resume_position = None if restored is None else restored.copy.position
         self._started()
         self.cadence.restart(self.resume_position)

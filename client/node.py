@@ -25,6 +25,7 @@ from ckptstore.copies import Restored
 from ckptstore.errors import (
     CheckpointNotFoundError,
     CkptStoreError,
+    CorruptCheckpointError,
     FencedError,
     ServiceUnavailableError,
     StorageUnavailableError,
@@ -38,7 +39,7 @@ from client.options import CheckpointOptions
 from client.replication import Replicator
 from client.reports import Reports
 from client.restore import NothingToRestoreError, Restorer
-from client.retention import Retention, delete_copy
+from client.retention import Retention, delete_copy, local_tier_surplus
 from client.service import ServiceClient
 from client.startup import (
     check_job,
@@ -79,6 +80,7 @@ class NodeCheckpointer:
         self.saves = SaveCounts()
         self.declared: JobInfo | None = None  # the job as the service has it, once known
         self._answered: LastGood | None = None  # the last-good answer a one-request start brought
+        self._restorer: Restorer | None = None
         self._writer = BackgroundWriter() if self.options.async_save else None
         self.reports = Reports(self.client, self.job, self.node)
         self._retention = (
@@ -142,11 +144,14 @@ class NodeCheckpointer:
         if self.attempt is None:
             self.attempt = new_offline_attempt(highest_attempt_on_storage(self.tiers, self.job, self.node))
 
-    def start(self) -> Restored | None:
-        """Register, then find the newest intact copy to resume from, every byte verified (None on a
-        fresh job). Nothing is assigned here: the caller applies the arrays, then calls `resumed`."""
+    def start(self, *, one_pass: bool = False) -> Restored | None:
+        """Register, then find the newest intact copy to resume from, verified (None on a fresh job). Nothing is
+        assigned here: the caller applies the arrays, then calls `resumed`. `one_pass`: the caller reads them
+        into place and calls `fall_back` when a tensor fails its check there (taken where a fallback copy
+        overwrites every target and no other node waits: a strict restore of the job's only node)."""
         self.register()
-        restorer = Restorer(
+        alone = self.client is None or (self.declared is not None and self.declared.nodes == [self.node])
+        self._restorer = restorer = Restorer(
             job=self.job,
             node=self.node,
             tiers=self.tiers,
@@ -154,6 +159,7 @@ class NodeCheckpointer:
             attempt=self.attempt if self.writes else None,
             timeout_s=self.options.restore_timeout_s,
             answered=self._answered,
+            one_pass=one_pass and self.options.strict and alone,
         )
         with tracing.span("ckptstore.restore.read", job=self.job, node=self.node) as span:
             try:
@@ -174,6 +180,11 @@ class NodeCheckpointer:
         if self._replicator is not None:
             self._replicator.resume()
         return restored
+
+    def fall_back(self, failed: Restored, error: CorruptCheckpointError) -> Restored:
+        """The next copy after `failed` was found damaged while read into place (`Restorer.fall_back`)."""
+        assert self._restorer is not None, "start() restores first"
+        return self._restorer.fall_back(failed, error)
 
     def resumed(self, restored: Restored, seconds: float, audit: ResumeAudit | None = None) -> None:
         """The restored state is in place: report the restore's time and say where it resumed from, and
@@ -339,7 +350,11 @@ class NodeCheckpointer:
     def _replicated(self, ref: CheckpointRef) -> None:
         self.reports.commit(Commit.of(ref))
         self._retain()
-        self._prune_local_tier()
+        assert self.local_store is not None
+        for copy in local_tier_surplus(
+            self.local_store, self.store, self.job, self.node, self.options.local_max_to_keep
+        ):
+            self.delete(copy, cause="retention", reason="local tier retention")
 
     def _retain(self) -> None:
         if self._retention is not None:
@@ -349,16 +364,6 @@ class NodeCheckpointer:
         missing = isinstance(error, CheckpointNotFoundError) or getattr(error, "missing", False)
         state: MarkState = "missing" if missing else "corrupt"
         self.reports.mark(copy, state, cause="replication", reason=f"replication: {error}")
-
-    def _prune_local_tier(self) -> None:
-        """Keep `local_max_to_keep` positions on the local tier; older copies go once they are durable."""
-        assert self.local_store is not None
-        local = [i.key for i in self.local_store.list_checkpoints(self.job, self.node) if i.committed]
-        keep = set(sorted({k.position for k in local})[-self.options.local_max_to_keep :])
-        durable = {i.key for i in self.store.list_checkpoints(self.job, self.node) if i.committed}
-        for copy in local:
-            if copy.position not in keep and copy.on("durable") in durable:
-                self.delete(copy, cause="retention", reason="local tier retention")
 
     def delete(self, copy: CopyKey, *, cause: MarkCause, reason: str) -> None:
         """Delete a copy of this node, then mark it deleted — in the background, like every report: a

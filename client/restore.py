@@ -1,7 +1,8 @@
 """Restore the newest intact copy: the newest position that every node of the job can verify.
 
 With the service (docs/design.md, "Restore"): ask for the resume position; read this node's part
-there, nearest tier first, newest attempt first, every byte verified before anything is assigned;
+there, nearest tier first, newest attempt first, every byte verified before anything is assigned (or,
+in one pass, as it is assigned: `fall_back`);
 mark each copy that fails (`corrupt` / `missing`, with the reason) so the judge demotes the
 position and no later restart trips on it; report where this attempt resumed and what it skipped;
 then wait until every expected node reported the same position (the restore agreement) — if
@@ -21,9 +22,11 @@ from dataclasses import replace
 
 from ckptstore import Position, Store
 from ckptstore.copies import NoIntactCopyError, Restored, Skipped, read_nearest_intact
+from ckptstore.copykey import CopyKey
 from ckptstore.errors import (
     CheckpointNotFoundError,
     CkptStoreError,
+    CorruptCheckpointError,
     ServiceUnavailableError,
     StorageUnavailableError,
 )
@@ -63,11 +66,16 @@ class Restorer:
         attempt: str | None,
         timeout_s: float,
         answered: LastGood | None = None,
+        one_pass: bool = False,
     ):
         self.job, self.node, self.tiers = job, node, tiers
         self.client, self.attempt, self.timeout_s = client, attempt, timeout_s
         self.answered = answered  # the service's answer the start brought: the first position asked is answered
+        # A local copy's bytes checked as they are read into place (`fall_back`): only where the copy it falls
+        # back to overwrites every target (a strict restore) and no other node waits for this one (one node).
+        self.one_pass = one_pass
         self.skipped: list[Skipped] = []
+        self._failed: set[CopyKey] = set()  # copies found damaged while read into place
 
     def restore(self) -> Restored | None:
         """The verified checkpoint to resume from (with every copy skipped on the way), or None on a fresh job."""
@@ -77,6 +85,26 @@ class Restorer:
             except ServiceUnavailableError as exc:
                 log.warning("service unreachable (%s): finding the newest intact copy on storage", exc)
         return self._from_storage()
+
+    def fall_back(self, failed: Restored, error: CorruptCheckpointError) -> Restored:
+        """The next copy to restore, after `failed` was found damaged while its tensors were read into place
+        (one pass): it is marked and passed over like a copy that failed its check, and the search
+        goes on. The caller overwrites every target from the copy returned, or raises; NothingToRestoreError
+        when no intact copy is left. Without one pass the copy was checked whole before and changed underneath:
+        `error` is raised (its targets hold a mix and no fallback is safe here)."""
+        if not self.one_pass:
+            raise error
+        skipped = Skipped(failed.copy, "missing" if error.missing else "corrupt", str(error))
+        self._failed.add(failed.copy)
+        if self.client is None:
+            self.skipped.append(skipped)
+            log.warning("restore skipped %s", skipped)
+        else:
+            self._mark(self.client, failed.copy.position, (skipped,), whole_part=False)
+        restored = self.restore()
+        if restored is None:
+            raise self._nothing_left()
+        return restored
 
     def preview(self) -> Restored | None:
         """The copy `restore` would take now, verified, changing nothing: nothing is marked or
@@ -107,7 +135,7 @@ class Restorer:
             if position in failed:
                 raise CkptStoreError(f"the service still answers {position} after {self.node}'s part was marked bad")
             try:
-                restored = read_nearest_intact(self.tiers, self.job, self.node, position, deferred=True)
+                restored = self._read(position)
             except NoIntactCopyError as exc:
                 self._mark(client, position, exc.skipped, whole_part=True)
                 failed.add(position)
@@ -195,7 +223,7 @@ class Restorer:
     # -- without the service ---------------------------------------------------------------------
 
     def _from_storage(self) -> Restored | None:
-        found: set[Position] = set()
+        said, found = len(self.skipped), set[Position]()
         for tier, store in self.tiers.items():
             try:  # positions with a manifest: which of them verify, reading nearest-first tells
                 found.update(key.position for key in store.manifest_keys(self.job, self.node))
@@ -204,17 +232,22 @@ class Restorer:
         positions = sorted(found, reverse=True)
         for position in positions:
             try:
-                restored = read_nearest_intact(self.tiers, self.job, self.node, position, deferred=True)
+                restored = self._read(position)
             except NoIntactCopyError as exc:
                 self.skipped.extend(exc.skipped)
                 continue
             self.skipped.extend(restored.skipped)
-            for passed in self.skipped:
+            for passed in self.skipped[said:]:
                 log.warning("restore skipped %s", passed)
             return replace(restored, skipped=tuple(self.skipped))
         if self.skipped:
             raise self._nothing_left()
         return None
+
+    def _read(self, position: Position) -> Restored:
+        return read_nearest_intact(
+            self.tiers, self.job, self.node, position, deferred=True, one_pass=self.one_pass, exclude=self._failed
+        )
 
     def _nothing_left(self) -> NothingToRestoreError:
         tried = "; ".join(str(s) for s in self.skipped)

@@ -24,7 +24,7 @@ from client.background import RetryingQueue
 from client.reports import Reports
 from client.service import ServiceClient
 
-__all__ = ["delete_copy", "Retention"]
+__all__ = ["delete_copy", "local_tier_surplus", "Retention"]
 
 log = logging.getLogger("ckptstore.client")
 
@@ -36,6 +36,15 @@ def delete_copy(store: Store, copy: CopyKey) -> bool:
     except CheckpointNotFoundError:
         return False
     return True
+
+
+def local_tier_surplus(local: Store, durable: Store, job: str, node: str, keep: int) -> list[CopyKey]:
+    """The node's copies on its local tier beyond the newest `keep` positions that are on the durable
+    tier as well: what local tier retention deletes."""
+    copies = [i.key for i in local.list_checkpoints(job, node) if i.committed]
+    kept = set(sorted({k.position for k in copies})[-keep:])
+    durable_copies = {i.key for i in durable.list_checkpoints(job, node) if i.committed}
+    return [copy for copy in copies if copy.position not in kept and copy.on("durable") in durable_copies]
 
 
 class _Pass:

@@ -111,7 +111,9 @@ def main() -> None:
             storage_options=json.dumps({"s3://bench": options}),
         )
         try:
-            rows = interleave(methods(arrays, endpoint, f"http://127.0.0.1:{port}"), nbytes(arrays), args.reps, endpoint)
+            rows = interleave(
+                methods(arrays, endpoint, f"http://127.0.0.1:{port}"), nbytes(arrays), args.reps, endpoint
+            )
         finally:
             service.kill()
             moto.kill()

@@ -33,12 +33,15 @@ import transformers
 from transformers import TrainerCallback
 
 from ckptstore import Position
+from ckptstore.copies import Restored
 from ckptstore.errors import ResumeRefusedError
 from ckptstore.fingerprint import FINGERPRINT_KEY
+from ckptstore.schema import ResumeAudit
 from ckptstore.shard import numpy_dtype
 from client.audit import audit, judged
 from client.node import NodeCheckpointer
 from client.options import CheckpointOptions
+from client.restore import restore_in_one_pass
 from client.torch.fingerprint import fingerprint
 
 __all__ = ["BackupAndRestore"]
@@ -177,9 +180,17 @@ class BackupAndRestore(TrainerCallback):
         fresh), after its resume audit against the Trainer's model, arguments and dataset."""
         started = time.perf_counter()
         self.checkpointer = NodeCheckpointer(self.options)
-        restored = self.checkpointer.start()
-        if restored is None:
+        found = restore_in_one_pass(self.checkpointer, lambda restored: self._unpack(trainer, restored))
+        if found is None:
             return None
+        restored, (report, folder) = found
+        self.checkpointer.resumed(restored, time.perf_counter() - started, report)
+        return folder
+
+    def _unpack(self, trainer: transformers.Trainer, restored: Restored) -> tuple[ResumeAudit | None, str]:
+        """The restored copy's resume audit, and the folder of the Trainer's layout it is unpacked into
+        (each tensor checked as it is read; a copy that fails leaves a folder nothing resumes from)."""
+        assert self.checkpointer is not None
         metadata = restored.checkpoint.manifest.metadata
         if LAYOUT_KEY not in metadata:
             raise ValueError("this checkpoint was not written by client.hf.BackupAndRestore")
@@ -190,8 +201,7 @@ class BackupAndRestore(TrainerCallback):
         folder = os.path.join(str(trainer.args.output_dir), STAGING, f"checkpoint-{metadata['global_step']}")
         shutil.rmtree(folder, ignore_errors=True)
         unpack_folder(restored.checkpoint.arrays, metadata[LAYOUT_KEY], folder)
-        self.checkpointer.resumed(restored, time.perf_counter() - started, report)
-        return folder
+        return report, folder
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.checkpointer is None:  # train() was not wrapped: never start from scratch over copies

@@ -31,10 +31,13 @@ import lightning.pytorch as pl
 import torch
 
 from ckptstore import Position
+from ckptstore.copies import Restored
 from ckptstore.fingerprint import FINGERPRINT_KEY
+from ckptstore.schema import ResumeAudit
 from client.audit import audit, judged
 from client.node import NodeCheckpointer
 from client.options import CheckpointOptions
+from client.restore import restore_in_one_pass
 from client.torch.fingerprint import fingerprint
 from client.torch.loaders import generator_states, is_loader, set_generator_states
 from client.torch.state import flatten, rng_state, set_rng_state, unflatten
@@ -66,17 +69,10 @@ class BackupAndRestore(pl.Callback):
             return
         started = time.perf_counter()
         self.checkpointer = NodeCheckpointer(self.options)
-        restored = self.checkpointer.start()
-        if restored is None:
+        found = restore_in_one_pass(self.checkpointer, lambda restored: self._read(trainer, pl_module, restored))
+        if found is None:
             return
-        metadata = restored.checkpoint.manifest.metadata
-        if TREE_KEY not in metadata:
-            raise ValueError("this checkpoint was not written by client.lightning.BackupAndRestore")
-        report = None
-        if self.options.resume_check != "off":
-            live = _fingerprint(trainer, pl_module)
-            report = judged(audit(restored.copy.position, metadata, live), self.checkpointer, self.options.resume_check)
-        checkpoint = unflatten(json.loads(metadata[TREE_KEY]), restored.checkpoint.arrays)
+        restored, (report, checkpoint) = found
         self._pending_rng = checkpoint.pop(RNG)
         self._resumed_mid_epoch = not restored.copy.position.is_end_of_epoch
         generators = checkpoint.pop(LOADER_GENERATORS, None)
@@ -84,6 +80,21 @@ class BackupAndRestore(pl.Callback):
             _next_epoch_from_generators(trainer, checkpoint, generators)
         _load_when_fit_resumes(trainer, checkpoint, f"ckptstore:{self.options.job}@{restored.copy.position}")
         self.checkpointer.resumed(restored, time.perf_counter() - started, report)
+
+    def _read(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, restored: Restored
+    ) -> tuple[ResumeAudit | None, dict[str, Any]]:
+        """The restored copy's resume audit and Lightning checkpoint, every tensor read into new memory
+        (checked as it is read: nothing is assigned here)."""
+        assert self.checkpointer is not None
+        metadata = restored.checkpoint.manifest.metadata
+        if TREE_KEY not in metadata:
+            raise ValueError("this checkpoint was not written by client.lightning.BackupAndRestore")
+        report = None
+        if self.options.resume_check != "off":
+            live = _fingerprint(trainer, pl_module)
+            report = judged(audit(restored.copy.position, metadata, live), self.checkpointer, self.options.resume_check)
+        return report, unflatten(json.loads(metadata[TREE_KEY]), restored.checkpoint.arrays)
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._pending_rng is not None and not self._resumed_mid_epoch:

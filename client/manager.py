@@ -14,7 +14,6 @@ import numpy as np
 
 from ckptstore import Position, tracing
 from ckptstore.copies import Restored
-from ckptstore.errors import CorruptCheckpointError
 from ckptstore.schema import ResumeAudit
 from client.audit import audit, judged, mid_epoch_without_data
 from client.cadence import SaveCadence, SaveEvery
@@ -22,7 +21,7 @@ from client.identity import NodeIdentity
 from client.node import NodeCheckpointer
 from client.options import CheckpointOptions
 from client.preemption import PreemptionNotice
-from client.restore import Restorer
+from client.restore import Restorer, restore_in_one_pass
 from client.state import snapshot_arrays
 
 __all__ = ["LoopManager"]
@@ -96,22 +95,10 @@ class LoopManager:
         """
         self.preemption.install()
         started = time.perf_counter()
-        restored = self.checkpointer.start(one_pass=True)
-        while restored is not None:
-            checkpoint = restored.checkpoint
-            try:
-                self.audit = self._audit(restored)  # reads the small tensors it compares, checked as they land
-                with tracing.span(
-                    "ckptstore.restore.assign",
-                    **self._where(restored.copy.position),
-                    bytes=checkpoint.manifest.total_bytes,
-                ):
-                    self._apply(checkpoint.arrays, checkpoint.manifest.metadata)
-            except CorruptCheckpointError as exc:  # a tensor failed its check where it landed: overwrite them all
-                restored = self.checkpointer.fall_back(restored, exc)
-                continue
+        found = restore_in_one_pass(self.checkpointer, self._assign)
+        restored = None if found is None else found[0]
+        if restored is not None:
             self.checkpointer.resumed(restored, time.perf_counter() - started, self.audit)
-            break
         self.resume_position = None if restored is None else restored.copy.position
         self._started()
         self.cadence.restart(self.resume_position)
@@ -120,6 +107,14 @@ class LoopManager:
         if position is None:
             return 0
         return position.epoch + 1 if position.is_end_of_epoch else position.epoch
+
+    def _assign(self, restored: Restored) -> None:
+        """Audit the restored copy, then assign every array (tensors read into place, each checked there)."""
+        checkpoint = restored.checkpoint
+        self.audit = self._audit(restored)  # reads the small tensors it compares, checked as they land
+        where = self._where(restored.copy.position)
+        with tracing.span("ckptstore.restore.assign", **where, bytes=checkpoint.manifest.total_bytes):
+            self._apply(checkpoint.arrays, checkpoint.manifest.metadata)
 
     def _audit(self, restored: Restored) -> ResumeAudit | None:
         """The restore's resume audit (client/audit.py), recorded with the attempt; under

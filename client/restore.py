@@ -17,8 +17,9 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
+from typing import Protocol, TypeVar
 
 from ckptstore import Position, Store
 from ckptstore.copies import NoIntactCopyError, Restored, Skipped, read_nearest_intact
@@ -34,9 +35,10 @@ from ckptstore.names import Tier
 from ckptstore.schema import LastGood, SkippedCopy
 from client.service import ServiceClient
 
-__all__ = ["Restorer", "NothingToRestoreError", "AGREEMENT_WAIT_S"]
+__all__ = ["Restorer", "NothingToRestoreError", "AGREEMENT_WAIT_S", "restore_in_one_pass"]
 
 log = logging.getLogger("ckptstore.client")
+T = TypeVar("T")
 AGREEMENT_WAIT_S = 20.0  # how long one agreement request waits at the service (under proxies' read timeouts)
 AGREEMENT_POLL_S = (0.2, 2.0)  # the first wait between two agreement polls, and the longest
 
@@ -47,6 +49,28 @@ def agreement_poll_s(polls: int) -> float:
     nodes of a job restarting together do not poll in lockstep."""
     first, longest = AGREEMENT_POLL_S
     return min(longest, first * 1.5**polls) * random.uniform(0.5, 1.5)
+
+
+class OnePassStart(Protocol):
+    """What `restore_in_one_pass` needs of a node (`client.node.NodeCheckpointer`)."""
+
+    def start(self, *, one_pass: bool = False) -> Restored | None: ...
+
+    def fall_back(self, failed: Restored, error: CorruptCheckpointError) -> Restored: ...
+
+
+def restore_in_one_pass(node: OnePassStart, use: Callable[[Restored], T]) -> tuple[Restored, T] | None:
+    """Start `node` and `use` the copy it restores, each tensor checked as `use` reads it (one pass, where
+    the node takes it: `NodeCheckpointer.start`); when one fails, `use` the next intact copy instead —
+    so `use` must overwrite everything a failed call reached, or read into new memory only. None on a
+    fresh job; NothingToRestoreError when no intact copy is left."""
+    restored = node.start(one_pass=True)
+    while restored is not None:
+        try:
+            return restored, use(restored)
+        except CorruptCheckpointError as exc:
+            restored = node.fall_back(restored, exc)
+    return None
 
 
 class NothingToRestoreError(CheckpointNotFoundError):
@@ -96,11 +120,13 @@ class Restorer:
             raise error
         skipped = Skipped(failed.copy, "missing" if error.missing else "corrupt", str(error))
         self._failed.add(failed.copy)
-        if self.client is None:
-            self.skipped.append(skipped)
-            log.warning("restore skipped %s", skipped)
-        else:
-            self._mark(self.client, failed.copy.position, (skipped,), whole_part=False)
+        self.skipped.append(skipped)
+        log.warning("restore skipped %s", skipped)
+        if self.client is not None:
+            try:
+                self._mark_one(self.client, skipped)
+            except ServiceUnavailableError as exc:
+                log.warning("service unreachable (%s): %s stays unmarked for now", exc, failed.copy)
         restored = self.restore()
         if restored is None:
             raise self._nothing_left()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import uuid
 
-import numpy as np
 import pytest
 
 from ckptstore import Position, Store
@@ -62,6 +61,23 @@ def saved_twice(root: str, job: str, **options) -> dict[str, bytes]:
     return at_epoch_0
 
 
+def restored_watching(root: str, job: str, **options) -> tuple[CheckpointManager, torch.nn.Module, list[bool]]:
+    """A fresh model restored by a new manager, and for each `read_into` whether its copy had been
+    checked whole first (False: one pass)."""
+    fresh, read_into = make_model(7), []
+    original = VerifiedTensors.read_into
+
+    def spy(self, targets):
+        read_into.append(self._verified)
+        return original(self, targets)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(VerifiedTensors, "read_into", spy)
+        manager = CheckpointManager(objects={"model": fresh}, storage=root, job=job, node="n0", **options)
+        assert manager.restore_or_initialize() == 1, "resumed after epoch 0: the copy at epoch 1 is damaged"
+    return manager, fresh, read_into
+
+
 @pytest.mark.parametrize("with_service", [False, True])
 def test_a_tensor_found_damaged_in_place_falls_back_and_overwrites_every_target(tmp_path, request, with_service):
     job = f"onepass-{uuid.uuid4().hex[:6]}"
@@ -73,18 +89,7 @@ def test_a_tensor_found_damaged_in_place_falls_back_and_overwrites_every_target(
         root = str(tmp_path / "ckpt")
     at_epoch_0 = saved_twice(root, job, **options)
     damaged = damage_last_tensor(Store(root), job, Position(1))
-    fresh = make_model(7)
-    read_into: list[bool] = []
-    original = VerifiedTensors.read_into
-
-    def spy(self, targets):
-        read_into.append(self._verified)
-        return original(self, targets)
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(VerifiedTensors, "read_into", spy)
-        manager = CheckpointManager(objects={"model": fresh}, storage=root, job=job, node="n0", **options)
-        assert manager.restore_or_initialize() == 1, "resumed after epoch 0: the copy at epoch 1 is damaged"
+    manager, fresh, read_into = restored_watching(root, job, **options)
     assert read_into == [False, False], "both copies read in one pass, the damaged one first"
     assert state_of(fresh) == at_epoch_0, "every value is epoch 0's: nothing of the damaged copy is left"
     assert manager.resume_position == Position(0)
@@ -100,18 +105,7 @@ def test_without_strict_the_copy_is_checked_whole_before_anything_is_assigned(tm
     root, job = str(tmp_path / "ckpt"), f"loose-{uuid.uuid4().hex[:6]}"
     at_epoch_0 = saved_twice(root, job)
     damage_last_tensor(Store(root), job, Position(1))
-    fresh = make_model(7)
-    read_into: list[bool] = []
-    original = VerifiedTensors.read_into
-
-    def spy(self, targets):
-        read_into.append(self._verified)
-        return original(self, targets)
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(VerifiedTensors, "read_into", spy)
-        manager = CheckpointManager(objects={"model": fresh}, storage=root, job=job, node="n0", strict=False)
-        assert manager.restore_or_initialize() == 1
+    manager, fresh, read_into = restored_watching(root, job, strict=False)
     assert read_into == [True], "the damaged copy failed its whole check: only epoch 0's was read into place"
     assert state_of(fresh) == at_epoch_0
     manager.close()

@@ -18,6 +18,7 @@ import sys
 import textwrap
 import time
 import uuid
+from collections.abc import Callable
 from urllib.parse import parse_qsl, urlsplit
 
 import httpx
@@ -172,6 +173,28 @@ def test_the_service_moves_none_of_the_checkpoint_bytes(tmp_path, moto_s3):
     assert moved < 8 << 20, f"the service's own I/O during a 32 MiB save and a 32 MiB restore: {moved} bytes"
 
 
+def presigned_manager(service: str, storage: str, job: str, model: torch.nn.Module, **options):
+    from client.torch import CheckpointManager
+
+    return CheckpointManager(
+        objects={"model": model}, storage=storage, service=service, job=job, node="n0", presigned=True, **options
+    )
+
+
+def save_rereading(manager, model: torch.nn.Module, job: str, epochs: int, pause_s: Callable[[int], float]) -> None:
+    """Save `epochs` positions of a changing model, after each reading epoch 0's manifest back (the same
+    GET URL, kept while fresh) and waiting `pause_s(epoch)`; every save must commit, none skipped."""
+    store = manager.checkpointer.store
+    for epoch in range(epochs):
+        with torch.no_grad():
+            model.weight.add_(1.0)
+        manager.save(epoch)
+        manager.wait()
+        assert store.manifest(store.copies(job, "n0", Position(0))[-1]).position == Position(0)
+        time.sleep(pause_s(epoch))
+    assert manager.checkpointer.saves.committed == epochs and manager.checkpointer.skipped_saves == 0
+
+
 @pytest.fixture
 def short_lived_urls(tmp_path, moto_s3):
     options = {f"s3://{moto_s3.bucket}": moto_s3.options}
@@ -185,32 +208,15 @@ def short_lived_urls(tmp_path, moto_s3):
 
 
 def test_urls_are_asked_for_again_before_they_expire_and_no_save_fails(short_lived_urls, moto_s3):
-    from client.torch import CheckpointManager
 
     sent: list[tuple[float, str]] = []
     storage, job = f"s3://{moto_s3.bucket}/expiry-{uuid.uuid4().hex[:6]}", f"expiry-{uuid.uuid4().hex[:6]}"
     model = torch.nn.Linear(64, 64)
-    manager = CheckpointManager(
-        objects={"model": model},
-        storage=storage,
-        service=short_lived_urls.url,
-        job=job,
-        node="n0",
-        presigned=True,
-        async_save=False,
-    )
+    manager = presigned_manager(short_lived_urls.url, storage, job, model, async_save=False)
     fs = manager.checkpointer.store._storage.fs
     fs.http.event_hooks["request"].append(lambda request: sent.append((time.time(), str(request.url))))
     assert manager.restore_or_initialize() == 0
-    store = manager.checkpointer.store
-    for epoch in range(3):
-        with torch.no_grad():
-            model.weight.add_(1.0)
-        manager.save(epoch)
-        manager.wait()
-        assert store.manifest(store.copies(job, "n0", Position(0))[-1]).position == Position(0)  # the same GET
-        time.sleep(2.2)  # every URL asked for so far has expired
-    assert manager.checkpointer.saves.committed == 3 and manager.checkpointer.skipped_saves == 0
+    save_rereading(manager, model, job, 3, lambda epoch: 2.2)  # every URL asked for so far has expired
     asked = fs.urls.requests
     manager.close()
     assert asked >= 4, f"{asked} requests for URLs: one batch per save at least, the kept ones not reused stale"
@@ -227,15 +233,7 @@ def test_a_fenced_process_gets_no_url_and_stops(short_lived_urls, moto_s3):
     model = torch.nn.Linear(8, 8)
 
     def manager() -> CheckpointManager:
-        return CheckpointManager(
-            objects={"model": model},
-            storage=storage,
-            service=short_lived_urls.url,
-            job=job,
-            node="n0",
-            presigned=True,
-            async_save=False,
-        )
+        return presigned_manager(short_lived_urls.url, storage, job, model, async_save=False)
 
     older = manager()
     assert older.restore_or_initialize() == 0
@@ -301,19 +299,11 @@ def test_the_documented_callback_takes_the_presigned_path(monkeypatch, moto_s3):
 
 def test_retention_deletes_copies_and_their_blobs_through_urls(short_lived_urls, moto_s3, tmp_path):
     from ckptstore.blobs import referenced
-    from client.torch import CheckpointManager
 
     storage, job = f"s3://{moto_s3.bucket}/kept-{uuid.uuid4().hex[:6]}", f"kept-{uuid.uuid4().hex[:6]}"
     model = torch.nn.Linear(32, 32)
-    manager = CheckpointManager(
-        objects={"model": model},
-        storage=storage,
-        service=short_lived_urls.url,
-        job=job,
-        node="n0",
-        presigned=True,
-        max_to_keep=2,
-        local_storage=str(tmp_path / "local"),
+    manager = presigned_manager(
+        short_lived_urls.url, storage, job, model, max_to_keep=2, local_storage=str(tmp_path / "local")
     )
     manager.restore_or_initialize()
     for epoch in range(5):
@@ -377,7 +367,6 @@ class ExpiringFront:
 
 
 def test_a_url_the_store_finds_expired_is_asked_for_again_and_the_save_goes_through(tmp_path, moto_s3):
-    from client.torch import CheckpointManager
 
     front = ExpiringFront(moto_s3.endpoint_url, skew_s=4)  # the store's clock runs 4 s ahead
     options = {f"s3://{moto_s3.bucket}": moto_s3.options | {"endpoint_url": front.url}}
@@ -386,26 +375,10 @@ def test_a_url_the_store_finds_expired_is_asked_for_again_and_the_save_goes_thro
     storage, job = f"s3://{moto_s3.bucket}/skew-{uuid.uuid4().hex[:6]}", f"skew-{uuid.uuid4().hex[:6]}"
     model = torch.nn.Linear(64, 64)
     try:
-        manager = CheckpointManager(
-            objects={"model": model},
-            storage=storage,
-            service=live.url,
-            job=job,
-            node="n0",
-            presigned=True,
-            async_save=False,
-        )
+        manager = presigned_manager(live.url, storage, job, model, async_save=False)
         assert manager.restore_or_initialize() == 0
-        store = manager.checkpointer.store
-        for epoch in range(2):
-            with torch.no_grad():
-                model.weight.add_(1.0)
-            manager.save(epoch)
-            manager.wait()
-            assert store.manifest(store.copies(job, "n0", Position(0))[-1]).position == Position(0)
-            if epoch == 0:
-                time.sleep(6.5)  # the URLs kept are fresh by the node's clock (8 s), expired by the store's (6 s)
-        assert manager.checkpointer.saves.committed == 2 and manager.checkpointer.skipped_saves == 0
+        # The URLs kept are fresh by the node's clock (8 s) after 6.5 s, expired by the store's (6 s).
+        save_rereading(manager, model, job, 2, lambda epoch: 6.5 if epoch == 0 else 0)
         manager.close()
     finally:
         live.stop()

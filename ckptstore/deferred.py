@@ -36,8 +36,8 @@ __all__ = ["VerifiedTensors", "read_deferred"]
 
 
 class VerifiedTensors(Mapping[str, np.ndarray]):
-    """The tensors of a verified copy on local disk, by name; `tensors[name]` reads one into new
-    memory (checked)."""
+    """The tensors of a copy on local disk, by name, checked as `read_deferred` says; `tensors[name]`
+    reads one into new memory and checks its CRC32C there."""
 
     def __init__(
         self, storage: Storage, key: str, manifest: Manifest, *, location: str, concurrency: int, verified: bool

@@ -228,9 +228,8 @@ class PresignedFileSystem(AbstractFileSystem):
 
     def rm(self, path: Any, recursive: bool = False, maxdepth: int | None = None) -> None:
         paths = [path] if isinstance(path, str) else list(path)
-        keys = [self.key(p) for p in paths]
-        if recursive:
-            keys += [self.key(name) for p in paths for name in self.find(p)]
+        # a folder is its objects (object stores have no folder to delete); a path with none under it, an object
+        keys = [self.key(name) for p in paths for name in (self.find(p) if recursive else []) or [p]]
         wanted = [UrlWanted(method="DELETE", key=key) for key in dict.fromkeys(keys)]
         signed = self._signed_all(wanted) if wanted else []
         map_threads(lambda i: self.request(wanted[i], signed=signed[i]), range(len(wanted)), _CONCURRENCY)

@@ -43,7 +43,6 @@ class SignedUrlSource:
         self._kept: dict[tuple[str, str], _Kept] = {}  # by (method, key)
         self._queue: list[tuple[UrlWanted, Future[SignedUrl]]] = []
         self._sending = False
-        self.requests = 0  # requests sent to the service (a test reads it)
 
     def get(self, wanted: Sequence[UrlWanted]) -> list[SignedUrl]:
         """A URL for each of `wanted`, in order; raises what the service answered (FencedError, …)."""
@@ -63,9 +62,6 @@ class SignedUrlSource:
         if send:
             self._send_all()
         return [item.result() if isinstance(item, Future) else item for item in found]
-
-    def one(self, wanted: UrlWanted) -> SignedUrl:
-        return self.get([wanted])[0]
 
     def forget(self, wanted: UrlWanted) -> None:
         """Drop a kept URL that the store refused (expired early, a clock skewed): the next use asks again."""
@@ -92,7 +88,6 @@ class SignedUrlSource:
     def _send(self, wanted: list[UrlWanted], futures: list[Future[SignedUrl]]) -> None:
         started = time.monotonic()
         try:
-            self.requests += 1
             answer = self._ask(UrlsRequest(attempt=self._attempt(), objects=wanted))
         except Exception as exc:
             for future in futures:
@@ -110,5 +105,6 @@ class SignedUrlSource:
 
 
 def _keeps(wanted: UrlWanted) -> bool:
-    """Whether a URL is worth keeping for another use (a multipart step or a listing page is used once)."""
-    return wanted.method in ("GET", "HEAD", "PUT", "DELETE") and wanted.upload_id is None
+    """Whether a URL is kept for another use: reads only (a manifest or a blob read again, a size checked
+    each save). A write or delete URL is used once — and one kept would outlive a fencing by its life."""
+    return wanted.method in ("GET", "HEAD")

@@ -356,6 +356,12 @@ def check_resume(node: NodeCheckpointer, restored: Restored | None) -> None:
         try:
             refuse_fresh_start(node.job, node.node, node.tiers, client, expected)
         except StorageUnavailableError as exc:
+            if node.options.presigned and not node.options.fresh_start:  # no service, no storage: nothing known
+                raise ResumeRefusedError(
+                    f"{node.job}/{node.node} cannot list its copies: the durable tier is reached through URLs the "
+                    f"service signs, and neither answers now ({exc}). Not starting from scratch over copies that may "
+                    "exist: start again once the service answers, or pass fresh_start=True to train from scratch"
+                ) from exc
             _starts_fresh(node.job, node.node, f"storage cannot be listed now ({exc}): copies there are not resumed")
         except ResumeRefusedError as exc:
             if not node.options.fresh_start:

@@ -1,14 +1,16 @@
-"""Short-lived URLs to a job's objects, signed with the service's own storage credentials (SigV4), so
-that a node holding only its job token reads and writes its checkpoints on S3 directly — the service
-never moves a byte of them.
+"""Short-lived URLs to a job's objects, signed with the service's own storage credentials (SigV4 for S3,
+`server.sign_s3`; V4 signed URLs for GCS, `server.sign_gcs`), so that a node holding only its job token
+reads and writes its checkpoints directly — the service never moves a byte of them.
 
 What a URL may name (`scope`): a write only under the node's own current attempt prefix
-(`{job}/{node}/{position}/{attempt}/{file}`), a blob of its own pool as a create-only upload
-(`If-None-Match: *`, signed: an existing blob is never overwritten, and readers verify every blob by its
-hash anyway) or its reference marker in a fork parent's pool; a read anywhere under the job or an
-ancestor it was forked from. Everything else is refused (403) before anything is signed; a key that
-could leave its root (`..`, empty segments) is invalid (422). The credentials come from the
-service's environment (`AWS_*`) or `storage_options` for the job's root in its settings.
+(`{job}/{node}/{position}/{attempt}/{file}`, a multipart upload's steps included), a blob of its own
+pool as a create-only upload (signed: an existing blob is never overwritten, and readers verify every
+blob by its hash anyway) or its reference marker in a fork parent's pool; a delete under the node's
+own folder (retention, blob collection); the node's storage probe, before it has an attempt; a read
+or a listing anywhere under the job or an ancestor it was forked from. Everything else is refused
+(403) before anything is signed; a key that could leave its root (`..`, empty segments) is invalid
+(422). The credentials come from the service's environment or `storage_options` for the job's root
+in its settings.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ from ckptstore.copykey import CopyKey
 from ckptstore.crc import Buffer, byte_view, checksum, format_crc
 from ckptstore.errors import CorruptCheckpointError
 from ckptstore.layout import BLOB_TEMP_PREFIX, MANIFEST_NAME, blob_key, parse_blob_key, plain_blob_key
-from ckptstore.manifest import Manifest, ShardRecord, TensorRecord
+from ckptstore.manifest import Manifest, ShardRecord, TensorRecord, TensorTable
 from ckptstore.shard import ShardPlan, iter_shard_chunks, plan_shards
 from ckptstore.storage import Storage
 from ckptstore.verify import checked_plain
@@ -102,21 +102,13 @@ def _manifest(
     for name, array in arrays.items():
         if name in examined.unchanged:
             record, shard = examined.unchanged[name]
-            tensors.append(record.model_copy(update={"shard": place(shard)}))
+            tensors.append(record._replace(shard=place(shard)))
             continue
         slot, shard_index = slots[name]
+        probe = examined.probes.get(name) or tensor_probe(array)
+        crc = format_crc(crcs[name])
         tensors.append(
-            TensorRecord(
-                name=name,
-                dtype=slot.dtype,
-                shape=slot.shape,
-                shard=shard_index,
-                begin=slot.begin,
-                end=slot.end,
-                crc32c=format_crc(crcs[name]),
-                hash=examined.hashes[name],
-                probe=examined.probes.get(name) or tensor_probe(array),
-            )
+            TensorRecord(name, slot.dtype, slot.shape, shard_index, slot.begin, slot.end, crc, examined.hashes[name], probe)
         )
     return Manifest(
         job=copy.job,
@@ -128,7 +120,7 @@ def _manifest(
         created_at=datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
         metadata=metadata,
         shards=tuple(shards),
-        tensors=tuple(tensors),
+        tensor_table=TensorTable.of(tensors),
     )
 
 

@@ -31,6 +31,7 @@ from ckptstore.direct_io import DIRECT_MIN
 __all__ = [
     "ALIGN",
     "DTYPE_CODES",
+    "ITEMSIZES",
     "dtype_code",
     "numpy_dtype",
     "TensorSlot",
@@ -57,13 +58,16 @@ DTYPE_CODES: dict[np.dtype, str] = {
     np.dtype(np.uint8): "U8",
     np.dtype(np.bool_): "BOOL",
 }
-_DTYPES_BY_CODE = {code: dtype for dtype, code in DTYPE_CODES.items()}
+_LITTLE_ENDIAN = {code: dtype.newbyteorder("<") for dtype, code in DTYPE_CODES.items()}
+ITEMSIZES: dict[str, int] = {code: dtype.itemsize for dtype, code in DTYPE_CODES.items()}
 ALIGN = 64
 
 
 def dtype_code(dtype: np.dtype) -> str:
     """The safetensors code of a numpy dtype (byte order aside); TypeError if unsupported."""
-    code = DTYPE_CODES.get(np.dtype(dtype).newbyteorder("="))
+    code = DTYPE_CODES.get(dtype)  # native-order dtypes, the usual case, are keys as they are
+    if code is None:
+        code = DTYPE_CODES.get(np.dtype(dtype).newbyteorder("="))
     if code is None:
         supported = ", ".join(str(d) for d in DTYPE_CODES)
         raise TypeError(f"dtype {dtype} cannot be checkpointed; supported: {supported}")
@@ -72,7 +76,7 @@ def dtype_code(dtype: np.dtype) -> str:
 
 def numpy_dtype(code: str) -> np.dtype:
     """The little-endian numpy dtype for a safetensors code; KeyError if unknown."""
-    return _DTYPES_BY_CODE[code].newbyteorder("<")
+    return _LITTLE_ENDIAN[code]
 
 
 def prepare_arrays(arrays: Mapping[str, object]) -> dict[str, np.ndarray]:

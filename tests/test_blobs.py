@@ -165,7 +165,7 @@ def test_replication_copies_only_the_blobs_the_target_lacks(tmp_path):
 
 def test_a_format_1_copy_of_the_previous_release_is_read_verified_copied_and_deleted(tmp_path):
     from ckptstore.crc import checksum, format_crc
-    from ckptstore.manifest import Manifest, ShardRecord, TensorRecord
+    from ckptstore.manifest import Manifest, ShardRecord, TensorRecord, TensorTable
 
     arrays = {"w": np.arange(6, dtype=np.float32)}
     folder = tmp_path / "old" / "job" / "n0" / "0000000000" / "1"
@@ -185,7 +185,7 @@ def test_a_format_1_copy_of_the_previous_release_is_read_verified_copied_and_del
     )
     manifest = Manifest(
         format_version=1, job="job", node="n0", epoch=0, batch=None, attempt="1",
-        created_at="2026-01-01T00:00:00.000+00:00", shards=(shard,), tensors=(tensor,),
+        created_at="2026-01-01T00:00:00.000+00:00", shards=(shard,), tensor_table=TensorTable.of([tensor]),
     )  # fmt: skip
     (folder / "MANIFEST.json").write_bytes(manifest.to_json())
     old = Store(str(tmp_path / "old"))
@@ -195,7 +195,7 @@ def test_a_format_1_copy_of_the_previous_release_is_read_verified_copied_and_del
     assert copied.manifest.format_version == 1 and os.path.exists(f"{copied.location}/tensors-00000.safetensors")
     assert_bit_equal(Store(str(tmp_path / "new")).load("job", "n0", 0), arrays)
     later = old.save("job", "n0", 1, arrays, attempt="1")  # a format-1 base has no hashes: written whole
-    assert later.manifest.format_version == 2 and pool_bytes(str(tmp_path / "old"), "job", "n0") > 0
+    assert later.manifest.format_version == 3 and pool_bytes(str(tmp_path / "old"), "job", "n0") > 0
     old.delete("job", "n0", 0)
     assert not folder.exists() and old.list_positions("job", "n0") == [Position(1)]
     assert_bit_equal(old.load("job", "n0", 1), arrays)

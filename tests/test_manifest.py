@@ -35,27 +35,54 @@ def saved(tmp_path):
 
 
 def edit_tensor(body, **changes):
-    body["tensors"][0].update(changes)
+    for field, value in changes.items():
+        body["tensor_table"][field][0] = value
     return body
+
+
+def first(body, field):
+    return body["tensor_table"][field][0]
+
+
+def records_of(body, version):
+    """The body as format 1 or 2 wrote it: one record per tensor."""
+    table = body["tensor_table"]
+    rest = {field: value for field, value in body.items() if field != "tensor_table"}
+    return {**rest, "format_version": version, "tensors": [dict(zip(table, row)) for row in zip(*table.values())]}
 
 
 HOSTILE = {
     "end past the shard": lambda b: edit_tensor(b, end=b["shards"][0]["bytes"] + 8),
-    "begin after end": lambda b: edit_tensor(b, begin=b["tensors"][0]["end"] + 4),
+    "begin after end": lambda b: edit_tensor(b, begin=first(b, "end") + 4),
     "huge shape": lambda b: edit_tensor(b, shape=[2**40, 2**40]),
     "negative dim": lambda b: edit_tensor(b, shape=[-1, -40]),
     "unknown dtype": lambda b: edit_tensor(b, dtype="F8"),
     "shard out of range": lambda b: edit_tensor(b, shard=5),
     "traversal shard file": lambda b: {**b, "shards": [{**b["shards"][0], "file": "../../../etc/passwd"}]},
     "absolute shard file": lambda b: {**b, "shards": [{**b["shards"][0], "file": "/etc/passwd"}]},
-    "duplicate tensor": lambda b: {**b, "tensors": [b["tensors"][0], b["tensors"][0]]},
+    "duplicate tensor": lambda b: {
+        **b,
+        "tensor_table": {field: column[:1] * 2 for field, column in b["tensor_table"].items()},
+    },
+    "columns of different lengths": lambda b: {**b, "tensor_table": {**b["tensor_table"], "probe": []}},
+    "records in format 3": lambda b: records_of(b, 2) | {"format_version": 3},
+    "a table in format 2": lambda b: {**b, "format_version": 2},
+    "a record's unknown field": lambda b: records_of(b, 2) | {
+        "tensors": [{**records_of(b, 2)["tensors"][0], "extra": 1}],
+    },
+    "a record's missing field": lambda b: records_of(b, 2) | {
+        "tensors": [{k: v for k, v in records_of(b, 2)["tensors"][0].items() if k != "crc32c"}],
+    },
+    "a record's bad checksum": lambda b: records_of(b, 2) | {
+        "tensors": [{**records_of(b, 2)["tensors"][0], "crc32c": "xyz"}],
+    },
     "other job": lambda b: {**b, "job": "other"},
     "other attempt": lambda b: {**b, "attempt": "2"},
     "other position": lambda b: {**b, "batch": 3},
     "bool as epoch": lambda b: {**b, "epoch": True},
     "string epoch": lambda b: {**b, "epoch": "0"},
     "unknown field": lambda b: {**b, "extra": 1},
-    "future format": lambda b: {**b, "format_version": 3},
+    "future format": lambda b: {**b, "format_version": 4},
     "format 1 naming a blob": lambda b: {**b, "format_version": 1},
     "blob id not its key's": lambda b: {**b, "shards": [{**b["shards"][0], "blob": "0" * 32}]},
     "blob key out of the pools": lambda b: {
@@ -83,6 +110,13 @@ def test_hostile_manifests_are_not_committed(saved, name):
 def test_the_real_manifest_parses(saved):
     _, ref, body = saved
     assert parse_manifest(resealed(body), expect=CopyKey("job", "n", Position(0), "1")) == ref.manifest
+
+
+def test_a_format_2_manifest_one_record_per_tensor_still_parses(saved):
+    _, ref, body = saved
+    parsed = parse_manifest(resealed(records_of(body, 2)), expect=CopyKey("job", "n", Position(0), "1"))
+    assert parsed.format_version == 2 and parsed.tensors == ref.manifest.tensors
+    assert json.loads(parsed.to_json())["tensors"] == records_of(body, 2)["tensors"]  # written back as it was
 
 
 def test_oversized_manifest_is_refused_without_parsing():

@@ -69,18 +69,19 @@ def tensor_hash(array: np.ndarray) -> str:
     return xxhash.xxh3_128_hexdigest(tensor_view(array))
 
 
-def tensor_probe(array: np.ndarray) -> str:
+def tensor_probe(array: np.ndarray) -> str | None:
     """XXH3-64 of the tensor's size and 16 evenly spread windows of its bytes: differs for almost any
-    tensor a training step changed; equal probes still need equal hashes to count as unchanged."""
+    tensor a training step changed; equal probes still need equal hashes to count as unchanged. None
+    for a tensor no larger than the windows: its hash costs what a probe would, so it is compared by
+    hash alone."""
     view = tensor_view(array)
     size = len(view)
-    hasher = xxhash.xxh3_64(size.to_bytes(8, "little"))
     if size <= _WINDOWS * _WINDOW_BYTES:
-        hasher.update(view)
-    else:
-        stride = (size - _WINDOW_BYTES) // (_WINDOWS - 1)
-        for index in range(_WINDOWS):
-            hasher.update(view[index * stride : index * stride + _WINDOW_BYTES])
+        return None
+    hasher = xxhash.xxh3_64(size.to_bytes(8, "little"))
+    stride = (size - _WINDOW_BYTES) // (_WINDOWS - 1)
+    for index in range(_WINDOWS):
+        hasher.update(view[index * stride : index * stride + _WINDOW_BYTES])
     return hasher.hexdigest()
 
 
@@ -98,7 +99,7 @@ class Examined:
     the probes and hashes computed on the way (a changed tensor's hash is computed when it is written)."""
 
     unchanged: dict[str, tuple[TensorRecord, ShardRecord]] = field(default_factory=dict)
-    probes: dict[str, str] = field(default_factory=dict)
+    probes: dict[str, str | None] = field(default_factory=dict)
     hashes: dict[str, str] = field(default_factory=dict)
 
     def hash_of(self, name: str, array: np.ndarray) -> str:

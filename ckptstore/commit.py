@@ -105,7 +105,7 @@ def _manifest(
             tensors.append(record._replace(shard=place(shard)))
             continue
         slot, shard_index = slots[name]
-        probe = examined.probes.get(name) or tensor_probe(array)
+        probe = examined.probes[name] if name in examined.probes else tensor_probe(array)
         crc = format_crc(crcs[name])
         tensors.append(
             TensorRecord(name, slot.dtype, slot.shape, shard_index, slot.begin, slot.end, crc, examined.hashes[name], probe)

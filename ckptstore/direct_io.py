@@ -96,9 +96,15 @@ def write_direct(fd: int, chunks: Iterable[memoryview | bytes]) -> int:
     layout arranges it) is written from its own memory; the rest goes through the block buffer.
     """
     block = _block_buffer()
+    room = block.data
     filled = size = 0  # `size` bytes are on disk, `filled` more wait in the block
     for chunk in chunks:
-        source = np.frombuffer(chunk, np.uint8)
+        small = memoryview(chunk).cast("B")
+        if small.nbytes < DIRECT_MIN and filled + small.nbytes < BLOCK:
+            room[filled : filled + small.nbytes] = small  # the usual small chunk: one copy, no numpy call
+            filled += small.nbytes
+            continue
+        source = np.frombuffer(small, np.uint8)
         lead = -source.ctypes.data % ALIGN
         if source.size - lead >= DIRECT_MIN and (filled + lead) % ALIGN == 0:
             np.copyto(block[filled : filled + lead], source[:lead])

@@ -20,7 +20,7 @@ import struct
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import ml_dtypes
 import numpy as np
@@ -93,8 +93,7 @@ def prepare_arrays(arrays: Mapping[str, object]) -> dict[str, np.ndarray]:
     return prepared
 
 
-@dataclass(frozen=True)
-class TensorSlot:
+class TensorSlot(NamedTuple):
     """Where one tensor lives: its shard and absolute byte range in that shard file."""
 
     name: str
@@ -130,8 +129,10 @@ def _page_padding(base: int, ordered: list[str], offsets: dict[str, int], arrays
     weights: Counter[int] = Counter()
     for name in ordered:
         array = arrays[name]
+        if array.nbytes < DIRECT_MIN:
+            continue
         address = array.ctypes.data
-        if array.nbytes >= DIRECT_MIN and address % ALIGN == 0 and offsets[name] % ALIGN == 0:
+        if address % ALIGN == 0 and offsets[name] % ALIGN == 0:
             weights[(address - base - offsets[name]) % PAGE] += array.nbytes
     return weights.most_common(1)[0][0] if weights else 0
 
@@ -144,24 +145,14 @@ def _plan_one(index: int, names: list[str], arrays: Mapping[str, np.ndarray]) ->
     for name in ordered:
         array = arrays[name]
         offsets[name] = offset
-        entries[name] = {
-            "dtype": dtype_code(array.dtype),
-            "shape": list(array.shape),
-            "data_offsets": [offset, offset + array.nbytes],
-        }
-        offset += array.nbytes
+        end = offset + array.nbytes
+        entries[name] = {"dtype": dtype_code(array.dtype), "shape": array.shape, "data_offsets": (offset, end)}
+        offset = end
     header = _encode_header(entries, ordered, offsets, arrays)
     base = len(header)
     slots = tuple(
-        TensorSlot(
-            name=name,
-            dtype=entries[name]["dtype"],
-            shape=tuple(entries[name]["shape"]),
-            shard=index,
-            begin=base + offsets[name],
-            end=base + offsets[name] + arrays[name].nbytes,
-        )
-        for name in ordered
+        TensorSlot(name, entry["dtype"], entry["shape"], index, base + entry["data_offsets"][0], base + entry["data_offsets"][1])
+        for name, entry in zip(ordered, map(entries.__getitem__, ordered))
     )
     return ShardPlan(index=index, header=header, slots=slots, size=base + offset)
 

@@ -186,12 +186,22 @@ class Manifest(_Strict):
         return self.model_copy(update={"shards": tuple(shard.plain() for shard in self.shards)})
 
     def to_json(self) -> bytes:
-        """Serialise with the self-checksum that `parse_manifest` requires."""
-        body = self.model_dump(mode="json")
-        if self.format_version < 3:
-            body["tensors"] = [dict(zip(TensorRecord._fields, record)) for record in zip(*body.pop("tensor_table").values())]
-        body["manifest_crc32c"] = format_crc(checksum(_canonical(body)))
-        return json.dumps(body, separators=(",", ":")).encode()  # the C encoder: 10,000 tensors in ms, not 0.2 s
+        """Serialise with the self-checksum that `parse_manifest` requires: format 3 seals its own bytes
+        (`_SEAL`), formats 1 and 2 their canonical JSON, as they were written."""
+        if self.format_version == 3:
+            body = self.model_dump_json().encode()[:-1]
+            return body + _SEAL + format_crc(checksum(body)).encode() + b'"}'
+        legacy = self.model_dump(mode="json")
+        table = legacy.pop("tensor_table")
+        legacy["tensors"] = [dict(zip(TensorRecord._fields, record)) for record in zip(*table.values())]
+        legacy["manifest_crc32c"] = format_crc(checksum(_canonical(legacy)))
+        return json.dumps(legacy, separators=(",", ":")).encode()
+
+
+# A format 3 manifest is its JSON body with this last member, the CRC32C of every byte before it: checking
+# it needs no second encoding of the body, and the body is validated straight from the bytes read.
+_SEAL = b',"manifest_crc32c":"'
+_SEALED_TAIL = len(_SEAL) + 8 + 2
 
 
 def _canonical(body: dict[str, Any]) -> bytes:
@@ -262,13 +272,25 @@ def _tabulated(body: dict[str, Any]) -> dict[str, Any]:
     return body
 
 
-def parse_manifest(data: bytes, *, expect: CopyKey | None = None) -> Manifest:
-    """Parse and verify a manifest; `expect` is the copy whose path it was read from.
+def _sealed_body(data: bytes) -> bytes | None:
+    """The body of a format 3 manifest whose seal matches its bytes, else None."""
+    tail = data[-_SEALED_TAIL:]
+    if len(data) <= _SEALED_TAIL or not tail.startswith(_SEAL) or not tail.endswith(b'"}'):
+        return None
+    body = data[:-_SEALED_TAIL]
+    return body if tail[len(_SEAL) : -2] == format_crc(checksum(body)).encode() else None
 
-    Raises ManifestError for anything that is not a committed manifest.
-    """
-    if len(data) > MAX_MANIFEST_BYTES:
-        raise ManifestError(f"manifest is {len(data)} bytes, over the {MAX_MANIFEST_BYTES}-byte limit")
+
+def _validated(data: bytes | str) -> Manifest:
+    """Strict JSON-mode validation (tuples from lists, no bool-as-int) of a manifest's body."""
+    try:
+        return Manifest.model_validate_json(data)
+    except ValidationError as exc:
+        raise ManifestError(f"manifest does not match the format: {exc.errors()[0]['msg']}") from None
+
+
+def _parse_canonical(data: bytes) -> Manifest:
+    """A format 1 or 2 manifest, its self-checksum over the canonical JSON of its body."""
     try:
         body = json.loads(data)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -280,13 +302,26 @@ def parse_manifest(data: bytes, *, expect: CopyKey | None = None) -> Manifest:
     stated = body.pop("manifest_crc32c")
     if stated != format_crc(checksum(_canonical(body))):
         raise ManifestError("manifest self-checksum does not match its content")
-    try:
-        # Strict JSON-mode validation (tuples from lists, no bool-as-int) of the body without its checksum.
-        if body.get("format_version") in (1, 2):
-            body = _tabulated(body)
-        manifest = Manifest.model_validate_json(json.dumps(body))
-    except ValidationError as exc:
-        raise ManifestError(f"manifest does not match the format: {exc.errors()[0]['msg']}") from None
+    version = body.get("format_version")
+    if version not in (1, 2) or isinstance(version, bool):
+        raise ManifestError(f"manifest does not match the format: format {version!r} is not checksummed this way")
+    return _validated(json.dumps(_tabulated(body)))
+
+
+def parse_manifest(data: bytes, *, expect: CopyKey | None = None) -> Manifest:
+    """Parse and verify a manifest; `expect` is the copy whose path it was read from.
+
+    Raises ManifestError for anything that is not a committed manifest.
+    """
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise ManifestError(f"manifest is {len(data)} bytes, over the {MAX_MANIFEST_BYTES}-byte limit")
+    sealed = _sealed_body(data)
+    if sealed is not None:
+        manifest = _validated(sealed + b"}")
+        if manifest.format_version != 3:
+            raise ManifestError("only a format 3 manifest is sealed over its bytes")
+    else:
+        manifest = _parse_canonical(data)
     _check_consistency(manifest)
     if expect is not None:
         if not manifest.key().is_copy_of(expect):

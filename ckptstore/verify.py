@@ -172,7 +172,13 @@ def read_verified(
     problems, blobs, _ = scan_shards(storage, key, manifest, concurrency=concurrency, keep=True)
     raise_first(problems, location)
     buffers = [blobs[shard.file] for shard in manifest.shards]
-    return {t.name: as_array(buffers[t.shard], t, t.begin) for t in manifest.tensors}
+    table = manifest.tensor_table
+    return {
+        name: _view(buffers[shard], dtype, shape, begin, end - begin)
+        for name, dtype, shape, shard, begin, end in zip(
+            table.name, table.dtype, table.shape, table.shard, table.begin, table.end
+        )
+    }
 
 
 def _read_named(
@@ -232,9 +238,11 @@ def _read_plain(storage: Storage, manifest: Manifest, key: str, index: int, loca
 
 def as_array(buffer: Buffer | memoryview, record: TensorRecord, offset: int) -> np.ndarray:
     """A read-only little-endian view of one tensor inside a verified buffer."""
-    dtype = numpy_dtype(record.dtype)
-    count = record.nbytes // dtype.itemsize
-    array = np.frombuffer(buffer, dtype=np.uint8, count=record.nbytes, offset=offset).view(dtype)
-    array = array[:count].reshape(record.shape)
+    return _view(buffer, record.dtype, record.shape, offset, record.nbytes)
+
+
+def _view(buffer: Buffer | memoryview, dtype: str, shape: tuple[int, ...], offset: int, nbytes: int) -> np.ndarray:
+    numpy = numpy_dtype(dtype)
+    array = np.frombuffer(buffer, dtype=numpy, count=nbytes // numpy.itemsize, offset=offset).reshape(shape)
     array.flags.writeable = False
     return array

@@ -20,8 +20,12 @@ FUZZ_EXAMPLES = int(os.environ.get("CKPTSTORE_MANIFEST_EXAMPLES", "300"))
 
 
 def resealed(body: dict) -> bytes:
-    """Re-sign an edited manifest body, as a hostile writer could."""
+    """Re-sign an edited manifest body as a hostile writer could: format 3 over its bytes, formats 1
+    and 2 over their canonical JSON."""
     body = {k: v for k, v in body.items() if k != "manifest_crc32c"}
+    if body.get("format_version") == 3:
+        data = json.dumps(body, separators=(",", ":")).encode()[:-1]
+        return data + b',"manifest_crc32c":"' + format_crc(checksum(data)).encode() + b'"}'
     canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
     body["manifest_crc32c"] = format_crc(checksum(canonical))
     return json.dumps(body).encode()
@@ -117,6 +121,18 @@ def test_a_format_2_manifest_one_record_per_tensor_still_parses(saved):
     parsed = parse_manifest(resealed(records_of(body, 2)), expect=CopyKey("job", "n", Position(0), "1"))
     assert parsed.format_version == 2 and parsed.tensors == ref.manifest.tensors
     assert json.loads(parsed.to_json())["tensors"] == records_of(body, 2)["tensors"]  # written back as it was
+
+
+def test_each_format_has_its_own_seal(saved):
+    """A format 3 body checksummed canonically, or a format 2 body sealed over its bytes, is refused."""
+    _, _, body = saved
+    body = {k: v for k, v in body.items() if k != "manifest_crc32c"}
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    with pytest.raises(ManifestError, match="format 3 is not checksummed this way"):
+        parse_manifest(json.dumps({**body, "manifest_crc32c": format_crc(checksum(canonical))}).encode())
+    legacy = json.dumps({**body, "format_version": 2}, separators=(",", ":")).encode()[:-1]
+    with pytest.raises(ManifestError, match="only a format 3 manifest is sealed"):
+        parse_manifest(legacy + b',"manifest_crc32c":"' + format_crc(checksum(legacy)).encode() + b'"}')
 
 
 def test_oversized_manifest_is_refused_without_parsing():

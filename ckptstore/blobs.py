@@ -60,6 +60,7 @@ log = logging.getLogger("ckptstore")
 Committed = Callable[[str, str], list[Manifest]]  # (job, node) → the node's committed manifests
 _WINDOWS = 16
 _WINDOW_BYTES = 256
+_THREADED_BYTES = 256 << 10  # the mean tensor size from which hashing goes to threads
 _locks: dict[tuple[str, str, str], threading.Lock] = {}
 _locks_guard = threading.Lock()
 
@@ -74,10 +75,10 @@ def tensor_probe(array: np.ndarray) -> str | None:
     tensor a training step changed; equal probes still need equal hashes to count as unchanged. None
     for a tensor no larger than the windows: its hash costs what a probe would, so it is compared by
     hash alone."""
-    view = tensor_view(array)
-    size = len(view)
+    size = array.nbytes
     if size <= _WINDOWS * _WINDOW_BYTES:
         return None
+    view = tensor_view(array)
     hasher = xxhash.xxh3_64(size.to_bytes(8, "little"))
     stride = (size - _WINDOW_BYTES) // (_WINDOWS - 1)
     for index in range(_WINDOWS):
@@ -115,22 +116,24 @@ def examine(
     (in a blob not known to be `damaged`)."""
     examined = Examined()
     candidates: dict[str, tuple[TensorRecord, ShardRecord]] = {}
+    lookups = [(base.tensor, base.shards) for base in bases]
     for name, array in arrays.items():
-        for base in bases:
-            record = base.tensor(name)
-            if (
-                record is not None
-                and record.hash is not None
-                and record.dtype == dtype_code(array.dtype)
-                and record.shape == array.shape
-                and base.shards[record.shard].file not in damaged
-            ):
-                candidates[name] = (record, base.shards[record.shard])
+        code = dtype_code(array.dtype)
+        for tensor, shards in lookups:
+            record = tensor(name)
+            if record is None or record.hash is None or record.dtype != code or record.shape != array.shape:
+                continue
+            shard = shards[record.shard]
+            if shard.file not in damaged:
+                candidates[name] = (record, shard)
                 break
     for name in candidates:
         examined.probes[name] = tensor_probe(arrays[name])
     matching = [name for name, (record, _) in candidates.items() if record.probe == examined.probes[name]]
-    for name, digest in zip(matching, map_threads(lambda n: tensor_hash(arrays[n]), matching, concurrency)):
+    # Threads pay for large tensors only: a small one's hash costs less than handing it to a thread.
+    large = sum(arrays[name].nbytes for name in matching) >= _THREADED_BYTES * len(matching)
+    workers = concurrency if large else 1
+    for name, digest in zip(matching, map_threads(lambda n: tensor_hash(arrays[n]), matching, workers)):
         examined.hashes[name] = digest
         if digest == candidates[name][0].hash:
             examined.unchanged[name] = candidates[name]

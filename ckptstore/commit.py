@@ -25,6 +25,7 @@ import numpy as np
 
 from ckptstore.blobs import Examined, blob_id, examine, held_blobs, mark_foreign_pools, pool_lock, tensor_probe
 from ckptstore.codec import Codec, blob_items, encode
+from ckptstore.collector import collector_paused
 from ckptstore.copykey import CopyKey
 from ckptstore.crc import Buffer, byte_view, checksum, format_crc
 from ckptstore.errors import CorruptCheckpointError
@@ -58,9 +59,10 @@ def commit_checkpoint(
     known to be `damaged` — as blobs in the node's pool (through `codec` where it pays), make them
     durable, then publish the manifest."""
     key = copy.relpath
-    examined = examine(arrays, bases, damaged=damaged, concurrency=concurrency)
-    changed = {name: array for name, array in arrays.items() if name not in examined.unchanged}
-    plans = plan_shards(changed, shard_size) if changed or not arrays else []
+    with collector_paused():
+        examined = examine(arrays, bases, damaged=damaged, concurrency=concurrency)
+        changed = {name: array for name, array in arrays.items() if name not in examined.unchanged}
+        plans = plan_shards(changed, shard_size) if changed or not arrays else []
     storage.make_prefix(key)
     with pool_lock(storage, copy.job, copy.node):
         try:
@@ -68,9 +70,11 @@ def commit_checkpoint(
             written, crcs = _write_blobs(storage, copy, plans, changed, examined, held, concurrency, codec)
             # Blobs and the copy's folder must be durable before the manifest names them.
             storage.sync_directory(key, up_to=_DIRECTORY_LEVELS)
-            manifest = _manifest(copy, arrays, examined, plans, written, crcs, step=step, metadata=metadata)
+            with collector_paused():
+                manifest = _manifest(copy, arrays, examined, plans, written, crcs, step=step, metadata=metadata)
+                encoded = manifest.to_json()
             mark_foreign_pools(storage, manifest)
-            storage.publish_object(f"{key}/{MANIFEST_NAME}", manifest.to_json())
+            storage.publish_object(f"{key}/{MANIFEST_NAME}", encoded)
         except BaseException:
             discard_uncommitted(storage, key)
             raise
@@ -108,7 +112,9 @@ def _manifest(
         probe = examined.probes[name] if name in examined.probes else tensor_probe(array)
         crc = format_crc(crcs[name])
         tensors.append(
-            TensorRecord(name, slot.dtype, slot.shape, shard_index, slot.begin, slot.end, crc, examined.hashes[name], probe)
+            TensorRecord(
+                name, slot.dtype, slot.shape, shard_index, slot.begin, slot.end, crc, examined.hashes[name], probe
+            )
         )
     return Manifest(
         job=copy.job,

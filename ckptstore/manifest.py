@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import json
 import math
-from functools import cached_property
 from collections.abc import Iterable
+from functools import cached_property
 from typing import Annotated, Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError

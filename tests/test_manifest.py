@@ -71,15 +71,24 @@ HOSTILE = {
     "columns of different lengths": lambda b: {**b, "tensor_table": {**b["tensor_table"], "probe": []}},
     "records in format 3": lambda b: records_of(b, 2) | {"format_version": 3},
     "a table in format 2": lambda b: {**b, "format_version": 2},
-    "a record's unknown field": lambda b: records_of(b, 2) | {
-        "tensors": [{**records_of(b, 2)["tensors"][0], "extra": 1}],
-    },
-    "a record's missing field": lambda b: records_of(b, 2) | {
-        "tensors": [{k: v for k, v in records_of(b, 2)["tensors"][0].items() if k != "crc32c"}],
-    },
-    "a record's bad checksum": lambda b: records_of(b, 2) | {
-        "tensors": [{**records_of(b, 2)["tensors"][0], "crc32c": "xyz"}],
-    },
+    "a record's unknown field": lambda b: (
+        records_of(b, 2)
+        | {
+            "tensors": [{**records_of(b, 2)["tensors"][0], "extra": 1}],
+        }
+    ),
+    "a record's missing field": lambda b: (
+        records_of(b, 2)
+        | {
+            "tensors": [{k: v for k, v in records_of(b, 2)["tensors"][0].items() if k != "crc32c"}],
+        }
+    ),
+    "a record's bad checksum": lambda b: (
+        records_of(b, 2)
+        | {
+            "tensors": [{**records_of(b, 2)["tensors"][0], "crc32c": "xyz"}],
+        }
+    ),
     "other job": lambda b: {**b, "job": "other"},
     "other attempt": lambda b: {**b, "attempt": "2"},
     "other position": lambda b: {**b, "batch": 3},

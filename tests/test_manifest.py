@@ -173,3 +173,19 @@ def test_mutated_real_manifests_are_refused_or_identical(real_manifest, data):
     except ManifestError:
         return
     assert (manifest.job, manifest.epoch, manifest.batch, manifest.attempt) == ("job", 0, None, "1")
+
+
+def test_a_format_3_copy_reads_without_ckptstore_as_docs_layout_says(tmp_path):
+    """docs/layout.md: the i-th entry of each column is one tensor, its bytes at begin:end of its shard's
+    file; the seal is the CRC32C of every byte before its member."""
+    arrays = {f"w{i}": np.arange(i + 1, dtype=np.float32) for i in range(5)}
+    Store(str(tmp_path)).save("job", "n", 0, arrays, attempt=1)
+    data = (tmp_path / "job/n/0000000000/1/MANIFEST.json").read_bytes()
+    sealed = data.rindex(b',"manifest_crc32c":"')
+    assert data[sealed:].decode() == f',"manifest_crc32c":"{format_crc(checksum(data[:sealed]))}"}}'
+    m = json.loads(data)
+    t = m["tensor_table"]
+    for i, name in enumerate(t["name"]):
+        shard = (tmp_path / m["shards"][t["shard"][i]]["file"]).read_bytes()
+        assert shard[t["begin"][i] : t["end"][i]] == arrays[name].tobytes()
+    assert sorted(t["name"]) == sorted(arrays)

@@ -27,7 +27,9 @@ from ckptstore.blobs import Examined, blob_id, examine, held_blobs, mark_foreign
 from ckptstore.codec import Codec, blob_items, encode
 from ckptstore.collector import collector_paused
 from ckptstore.copykey import CopyKey
-from ckptstore.crc import Buffer, byte_view, checksum, format_crc
+from ckptstore.crc import Buffer, byte_view, checksum, crc_combine, format_crc
+from ckptstore.direct_io import ALIGN as PAGE
+from ckptstore.direct_io import DIRECT_PIECE
 from ckptstore.errors import CorruptCheckpointError
 from ckptstore.layout import BLOB_TEMP_PREFIX, MANIFEST_NAME, blob_key, parse_blob_key, plain_blob_key
 from ckptstore.manifest import Manifest, ShardRecord, TensorRecord, TensorTable
@@ -40,6 +42,7 @@ __all__ = ["commit_checkpoint", "copy_checkpoint", "discard_uncommitted"]
 log = logging.getLogger("ckptstore")
 _DIRECTORY_LEVELS = 3  # <job>/<node>/<position>/ above the attempt prefix may be new too
 _POOL_LEVELS = 2  # <job>/<node>/ above a new pool
+_SPLIT_FROM = 2 * DIRECT_PIECE  # tensors from this size are checksummed and written in pieces
 
 
 def commit_checkpoint(
@@ -130,6 +133,15 @@ def _manifest(
     )
 
 
+def _pieces(chunk: memoryview) -> Iterator[memoryview]:
+    """A large chunk in pieces of about DIRECT_PIECE bytes, cut at page-aligned addresses (so each piece
+    but the first is written from its own memory whole)."""
+    lead = -np.frombuffer(chunk, np.uint8).ctypes.data % PAGE
+    cuts = [0, *range(lead + DIRECT_PIECE, len(chunk), DIRECT_PIECE), len(chunk)]
+    for begin, end in zip(cuts, cuts[1:]):
+        yield chunk[begin:end]
+
+
 def _write_blobs(
     storage: Storage,
     copy: CopyKey,
@@ -148,13 +160,24 @@ def _write_blobs(
         crcs: dict[str, int] = {}
         shard_crc = 0
 
-        def checked() -> Iterator[tuple[str | None, memoryview]]:
+        def checked(split: bool = False) -> Iterator[tuple[str | None, memoryview]]:
+            """The shard's chunks, each checksummed before it is yielded; with `split`, a large tensor
+            in pieces, so each is written while the next is checksummed (its CRC32C joins the shard's
+            by `crc_combine`, not by a second pass over its bytes)."""
             nonlocal shard_crc
             for name, chunk in iter_shard_chunks(plan, arrays):
-                if name is not None:
-                    crcs[name] = checksum(chunk)
-                shard_crc = checksum(chunk, shard_crc)
-                yield name, chunk
+                if name is None or not split or len(chunk) < _SPLIT_FROM:
+                    if name is not None:
+                        crcs[name] = checksum(chunk)
+                    shard_crc = checksum(chunk, shard_crc)
+                    yield name, chunk
+                    continue
+                crc = 0
+                for piece in _pieces(chunk):
+                    crc = checksum(piece, crc)
+                    yield name, piece
+                crcs[name] = crc
+                shard_crc = crc_combine(shard_crc, crc, len(chunk))
 
         identity = blob_id(plan.header, (examined.hash_of(slot.name, arrays[slot.name]) for slot in plan.slots))
         final = blob_key(copy.job, copy.node, identity)
@@ -163,7 +186,7 @@ def _write_blobs(
                 pass  # the bytes are there: only their checksums are needed
             return held[final], crcs
         if codec is None:
-            storage.write_object(staged.place(final), (chunk for _, chunk in checked()), plan.size)
+            storage.write_object(staged.place(final), (chunk for _, chunk in checked(split=True)), plan.size)
             return ShardRecord(file=final, bytes=plan.size, crc32c=format_crc(shard_crc), blob=identity), crcs
         encoded = encode(
             ((chunk, 1 if name is None else arrays[name].itemsize) for name, chunk in checked()), plan.size

@@ -23,15 +23,17 @@ import fcntl
 import mmap
 import os
 import threading
+from collections import deque
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
-__all__ = ["ALIGN", "BLOCK", "DIRECT_MIN", "open_direct", "write_direct", "read_direct"]
+__all__ = ["ALIGN", "BLOCK", "DIRECT_MIN", "DIRECT_PIECE", "open_direct", "write_direct", "read_direct"]
 
 ALIGN = 4096
 BLOCK = 8 << 20
+BLOCKS = 2  # per writer thread: one written while the other fills (16 MiB a writer)
 DIRECT_MIN = 1 << 20  # smaller chunks go through the block buffer
 DIRECT_PIECE = 32 << 20  # one write from a chunk's own memory
 _local = threading.local()
@@ -66,11 +68,11 @@ def open_direct(path: str, size: int | None = None) -> int | None:
     return fd
 
 
-def _block_buffers() -> tuple[np.ndarray, np.ndarray]:
-    """This thread's two page-aligned blocks: one is written while the other fills."""
+def _block_buffers() -> tuple[np.ndarray, ...]:
+    """This thread's page-aligned blocks: the others are written while one fills."""
     buffers = getattr(_local, "buffers", None)
     if buffers is None:
-        buffers = _local.buffers = tuple(np.frombuffer(mmap.mmap(-1, BLOCK), np.uint8) for _ in range(2))
+        buffers = _local.buffers = tuple(np.frombuffer(mmap.mmap(-1, BLOCK), np.uint8) for _ in range(BLOCKS))
     return buffers
 
 
@@ -93,32 +95,32 @@ def _write_aligned(fd: int, data: np.ndarray, offset: int) -> None:
 
 
 class _Writes:
-    """A file's writes, in order, one in flight in a pool thread while the caller fills the next block
-    (copying and checksumming small tensors is Python work; the write itself releases the GIL)."""
+    """A file's writes, up to BLOCKS - 1 in flight in pool threads while the caller fills the next block
+    (the copy into it and a small tensor's checksum are the caller's work; a write releases the GIL)."""
 
     def __init__(self, fd: int):
         self.fd, self.offset = fd, 0
-        self._pending: Future[None] | None = None
+        self._pending: deque[Future[None]] = deque()
 
     def put(self, data: np.ndarray) -> None:
-        """Write `data` next; its memory must stay unchanged until the following `put` or `wait`."""
-        self.wait()
-        self._pending = _pool("write").submit(_write_aligned, self.fd, data, self.offset)
+        """Write `data` next; its memory must stay unchanged until BLOCKS - 1 more `put`s or `wait`."""
+        if len(self._pending) == BLOCKS - 1:
+            self._pending.popleft().result()
+        self._pending.append(_pool("write").submit(_write_aligned, self.fd, data, self.offset))
         self.offset += data.size
 
     def wait(self) -> None:
-        """Until the write in flight is done; its error, if any, raised here."""
-        pending, self._pending = self._pending, None
-        if pending is not None:
-            pending.result()
+        """Until every write in flight is done; the first error, if any, raised here."""
+        while self._pending:
+            self._pending.popleft().result()
 
 
 def write_direct(fd: int, chunks: Iterable[memoryview | bytes]) -> int:
     """Write the chunks, in order, to an `open_direct` descriptor; return the file's size.
 
     A large chunk that lands at a file offset congruent to its address modulo ALIGN (the shard
-    layout arranges it) is written from its own memory; the rest goes through two alternating
-    block buffers, one written while the other fills.
+    layout arranges it) is written from its own memory; the rest goes through BLOCKS block buffers
+    taken in turn, the others written while one fills.
     """
     blocks = _block_buffers()
     writes = _Writes(fd)
@@ -127,7 +129,7 @@ def write_direct(fd: int, chunks: Iterable[memoryview | bytes]) -> int:
     def ship(count: int) -> None:
         nonlocal current, filled
         writes.put(blocks[current][:count])
-        current, filled = 1 - current, 0
+        current, filled = (current + 1) % BLOCKS, 0
 
     try:
         for chunk in chunks:
@@ -163,7 +165,7 @@ def write_direct(fd: int, chunks: Iterable[memoryview | bytes]) -> int:
         writes.wait()
     except BaseException:
         with contextlib.suppress(Exception):
-            writes.wait()  # the block in flight is this thread's to reuse only once its write is done
+            writes.wait()  # the blocks in flight are this thread's to reuse only once their writes are done
         raise
     if filled:
         os.ftruncate(fd, size)

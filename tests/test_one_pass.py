@@ -120,3 +120,50 @@ def test_a_copy_damaged_everywhere_raises_rather_than_train_on_a_mix(tmp_path):
     manager = CheckpointManager(objects={"model": make_model(7)}, storage=root, job=job, node="n0")
     with pytest.raises(CheckpointNotFoundError, match="no intact copy .* is left to resume from"):
         manager.restore_or_initialize()
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_dcp_reads_in_one_pass_and_a_tensor_found_damaged_there_fails_the_load(tmp_path):
+    """A DCP reader reads the durable tier only (it reshards; no local tier of its own), so a tensor found
+    damaged as it lands leaves no copy to fall back to at that position: the load raises."""
+    import torch.distributed.checkpoint as dcp
+
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from client.torch.dcp import CkptstoreReader, CkptstoreWriter
+
+    torch.manual_seed(0)
+    saved = {"a": torch.randn(64, 32), "b": torch.randn(256), "c": torch.randn(32, 32)}
+    root = str(tmp_path / "ckpt")
+    dcp.save(saved, storage_writer=CkptstoreWriter(root, "dcp1", 0))
+    checked_whole_first: list[bool] = []
+    original = VerifiedTensors.read_into
+
+    def spy(self, targets):
+        checked_whole_first.append(self._verified)
+        return original(self, targets)
+
+    def load() -> dict[str, torch.Tensor]:
+        target = {name: torch.zeros_like(value) for name, value in saved.items()}
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(VerifiedTensors, "read_into", spy)
+            dcp.load(target, storage_reader=CkptstoreReader(root, "dcp1"))
+        return target
+
+    target = load()
+    assert checked_whole_first == [False], "read straight into the targets, each tensor checked there"
+    assert all(torch.equal(target[name], saved[name]) for name in saved)
+    store = Store(root)
+    (copy,) = store.copies("dcp1", "node-0", Position(0))
+    manifest = store.manifest(copy)
+    last = max((t for t in manifest.tensors if t.name != "dcp/metadata"), key=lambda t: (t.shard, t.begin))
+    with open(store._storage.path(manifest.shards[last.shard].key(copy.relpath)), "r+b") as handle:
+        handle.seek(last.end - 2)
+        byte = handle.read(1)
+        handle.seek(last.end - 2)
+        handle.write(bytes([byte[0] ^ 0x40]))
+    with pytest.raises(CheckpointException) as failed:  # DCP's wrapper of a rank's error
+        load()
+    message = str(failed.value)
+    assert "CorruptCheckpointError: no intact copy of node-0's part" in message
+    assert f"tensor {last.name!r}" in message and "does not match its checksum" in message

@@ -85,6 +85,36 @@ def _whole_tensor_view(
     return view if view.nbytes and view.shape == shape and view.dtype == dtype else None
 
 
+def _fill(arrays: Mapping[str, np.ndarray], items: list[tuple[Any, _Stored]], planner: LoadPlanner) -> None:
+    """Load each item from one copy's arrays: bytes through the planner, whole tensors straight into their
+    targets where the arrays allow it, the rest copied from the stored tensor's slice."""
+    in_place: dict[str, np.ndarray] = {}
+    filled: list[tuple[Any, torch.Tensor]] = []
+    for item, stored in items:
+        if item.type == LoadItemType.BYTE_IO:
+            planner.load_bytes(item, io.BytesIO(arrays[stored.key].tobytes()))
+            continue
+        target = planner.resolve_tensor(item).detach()
+        view = _whole_tensor_view(arrays, item, stored, target)
+        if view is not None:
+            in_place[stored.key] = view
+            filled.append((item, target))
+            continue
+        tensor = torch.from_numpy(np.array(arrays[stored.key]))
+        dtype = getattr(torch, stored.dtype or "uint8")
+        if dtype in BITS:
+            tensor = tensor.view(dtype)
+        for dim, (offset, length) in enumerate(zip(item.storage_offsets, item.lengths, strict=True)):
+            tensor = tensor.narrow(dim, offset, length)
+        target.copy_(tensor)
+        planner.commit_tensor(item, target)
+    if in_place:
+        assert isinstance(arrays, VerifiedTensors)
+        arrays.read_into(in_place)
+    for item, target in filled:
+        planner.commit_tensor(item, target)
+
+
 def _rank() -> tuple[int, int]:
     import torch.distributed as dist
 
@@ -273,51 +303,31 @@ class CkptstoreReader(StorageReader):
             stored: _Stored = storage[item.storage_index]
             by_checkpoint[(stored.node, stored.attempt)].append((item, stored))
         for (node, attempt), items in by_checkpoint.items():
-            arrays = self._load(node, attempt, sorted({stored.key for _, stored in items}))
-            in_place: dict[str, np.ndarray] = {}
-            filled: list[tuple[Any, torch.Tensor]] = []
-            for item, stored in items:
-                if item.type == LoadItemType.BYTE_IO:
-                    planner.load_bytes(item, io.BytesIO(arrays[stored.key].tobytes()))
-                    continue
-                target = planner.resolve_tensor(item).detach()
-                view = _whole_tensor_view(arrays, item, stored, target)
-                if view is not None:
-                    in_place[stored.key] = view
-                    filled.append((item, target))
-                    continue
-                tensor = torch.from_numpy(np.array(arrays[stored.key]))
-                dtype = getattr(torch, stored.dtype or "uint8")
-                if dtype in BITS:
-                    tensor = tensor.view(dtype)
-                for dim, (offset, length) in enumerate(zip(item.storage_offsets, item.lengths, strict=True)):
-                    tensor = tensor.narrow(dim, offset, length)
-                target.copy_(tensor)
-                planner.commit_tensor(item, target)
-            if in_place:
-                assert isinstance(arrays, VerifiedTensors)
-                arrays.read_into(in_place)
-            for item, target in filled:
-                planner.commit_tensor(item, target)
+            self._read_part(node, attempt, items, planner)
         future: Future[None] = Future()
         future.set_result(None)
         return future
 
-    def _load(self, node: str, attempt: str, names: list[str]) -> Mapping[str, np.ndarray]:
-        """The named arrays of one rank's copy, verified, nearest tier first: on local disk the whole copy
-        is verified and its tensors read where they go (`VerifiedTensors`); on object stores only the
-        named byte ranges are fetched, each checked. A copy that fails verification is marked in the
-        service and the next tier's is read; with none left the load raises, and the next load resumes
-        from the previous good position."""
+    def _read_part(self, node: str, attempt: str, items: list[tuple[Any, _Stored]], planner: LoadPlanner) -> None:
+        """Fill the plan's items stored in one rank's copy, verified, nearest tier first: on local disk the
+        copy's sizes are checked and each tensor is checked where it lands, in one pass (`VerifiedTensors`);
+        on object stores only the named byte ranges are fetched, each checked. A copy found damaged,
+        before or while its tensors are read, is marked in the service and the next tier's copy fills every
+        item again; with none left the load raises (its targets may hold part of the damaged copy: the
+        caller must not train on them), and the next load resumes from the previous good position."""
         assert self.position is not None
+        names = sorted({stored.key for _, stored in items})
         failures: list[str] = []
         marked: list[str] = []
         for store in self.node.tiers.values():
             copy = store.key(self.job, node, self.position, attempt)
             try:
                 if store.is_local:
-                    return store.read_copy(copy, deferred=True).arrays
-                return store.read(self.job, node, self.position, attempt=attempt, names=names).arrays
+                    arrays = store.read_copy(copy, deferred=True, one_pass=True).arrays
+                else:
+                    arrays = store.read(self.job, node, self.position, attempt=attempt, names=names).arrays
+                _fill(arrays, items, planner)
+                return
             except (CorruptCheckpointError, CheckpointNotFoundError) as exc:
                 state: MarkState = "corrupt" if isinstance(exc, CorruptCheckpointError) else "missing"
                 failures.append(f"{copy} {state}: {exc}")

@@ -69,6 +69,7 @@ def methods(holder: Holder) -> dict[str, tuple[Any, Any]]:
 
     def ckpt_save(d: str) -> None:
         with manager(d, async_save=False) as mgr:
+            mgr.restore_or_initialize()  # a new directory: nothing to restore, this start registered
             mgr.save(0)
 
     def ckpt_load(d: str) -> None:
@@ -94,6 +95,7 @@ def async_blocking(holder: Holder, root: str, reps: int) -> dict[str, float]:
     """Seconds `save` holds the loop with async saves (after a warm-up save), and the whole save."""
     blocked, total = [], []
     with CheckpointManager(objects={"model": holder}, storage=root, job="async", node="n0", max_to_keep=2) as mgr:
+        mgr.restore_or_initialize()
         mgr.save(0)
         mgr.wait()
         for epoch in range(1, reps + 1):

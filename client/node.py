@@ -25,6 +25,7 @@ from ckptstore.copies import Restored
 from ckptstore.errors import (
     CheckpointNotFoundError,
     CkptStoreError,
+    ConfigurationError,
     CorruptCheckpointError,
     FencedError,
     ServiceUnavailableError,
@@ -224,6 +225,8 @@ class NodeCheckpointer:
         then. Returns whether the save started: not when a process is not the chief (under
         MultiWorkerMirroredStrategy the chief writes), nor when `ready` skips it."""
         self.raise_if_fenced()
+        if self.writes and self.attempt is None:
+            raise ConfigurationError("save() before restore_or_initialize(), which finds the copies to resume from")
         if not self.writes or not self.ready(position):
             return False
         self.saves.requested += 1

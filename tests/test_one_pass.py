@@ -127,7 +127,6 @@ def test_dcp_reads_in_one_pass_and_a_tensor_found_damaged_there_fails_the_load(t
     """A DCP reader reads the durable tier only (it reshards; no local tier of its own), so a tensor found
     damaged as it lands leaves no copy to fall back to at that position: the load raises."""
     import torch.distributed.checkpoint as dcp
-
     from torch.distributed.checkpoint.api import CheckpointException
 
     from client.torch.dcp import CkptstoreReader, CkptstoreWriter

@@ -328,3 +328,17 @@ def test_dcp_loads_a_local_copy_straight_into_the_state_tensors(tmp_path, monkey
     assert torch.equal(target["half"], saved["half"]) and int(target["step"]) == 7
     assert target["extra"] == {"note": "kept"}
     assert len(read_in_place) >= 2  # the tensors went straight into the state's memory
+
+
+def test_a_save_before_restore_or_initialize_is_refused_and_writes_nothing(tmp_path):
+    """A script that saves without restoring would train over copies already on storage without seeing
+    them: the first save says what to call, and nothing is written."""
+    from ckptstore.errors import ConfigurationError
+    from client.torch import CheckpointManager
+
+    model, _ = _trained(0)
+    with CheckpointManager(objects={"model": model}, storage=str(tmp_path), job="early", node="n0") as mgr:
+        with pytest.raises(ConfigurationError, match=r"restore_or_initialize\(\)"):
+            mgr.save(0)
+        assert Store(str(tmp_path)).list_positions("early", "n0") == []
+        assert mgr.restore_or_initialize() == 0 and mgr.save(0)

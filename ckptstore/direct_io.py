@@ -17,23 +17,20 @@ Reads (`read_direct`): a cold 3 GiB checkpoint read into a process that holds a 
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import fcntl
 import mmap
 import os
 import threading
-from collections import deque
 from collections.abc import Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-__all__ = ["ALIGN", "BLOCK", "DIRECT_MIN", "DIRECT_PIECE", "open_direct", "write_direct", "read_direct"]
+__all__ = ["ALIGN", "BLOCK", "DIRECT_MIN", "open_direct", "write_direct", "read_direct"]
 
 ALIGN = 4096
 BLOCK = 8 << 20
-BLOCKS = 2  # per writer thread: one written while the other fills (16 MiB a writer)
 DIRECT_MIN = 1 << 20  # smaller chunks go through the block buffer
 DIRECT_PIECE = 32 << 20  # one write from a chunk's own memory
 _local = threading.local()
@@ -68,22 +65,21 @@ def open_direct(path: str, size: int | None = None) -> int | None:
     return fd
 
 
-def _block_buffers() -> tuple[np.ndarray, ...]:
-    """This thread's page-aligned blocks: the others are written while one fills."""
-    buffers = getattr(_local, "buffers", None)
-    if buffers is None:
-        buffers = _local.buffers = tuple(np.frombuffer(mmap.mmap(-1, BLOCK), np.uint8) for _ in range(BLOCKS))
-    return buffers
+def _block_buffer() -> np.ndarray:
+    buffer = getattr(_local, "buffer", None)
+    if buffer is None:
+        buffer = _local.buffer = np.frombuffer(mmap.mmap(-1, BLOCK), np.uint8)  # page-aligned
+    return buffer
 
 
-def _write_aligned(fd: int, data: np.ndarray, offset: int) -> None:
-    """Write all of `data` at `offset`. A filesystem that accepted O_DIRECT at open but refuses a write
+def _write_aligned(fd: int, data: np.ndarray) -> None:
+    """Write all of `data`. A filesystem that accepted O_DIRECT at open but refuses a write
     (EINVAL: it wants another alignment, or a short write left the rest misaligned) gets the rest
     of the file buffered instead."""
     view = data.data
     while view:
         try:
-            written = os.pwrite(fd, view, offset)
+            written = os.write(fd, view)
         except OSError as exc:
             flags = fcntl.fcntl(fd, fcntl.F_GETFL)
             if exc.errno != errno.EINVAL or not flags & os.O_DIRECT:
@@ -91,109 +87,71 @@ def _write_aligned(fd: int, data: np.ndarray, offset: int) -> None:
             fcntl.fcntl(fd, fcntl.F_SETFL, flags & ~os.O_DIRECT)
             continue
         view = view[written:]  # after a short write the rest is misaligned: it goes on buffered
-        offset += written
-
-
-class _Writes:
-    """A file's writes, up to BLOCKS - 1 in flight in pool threads while the caller fills the next block
-    (the copy into it and a small tensor's checksum are the caller's work; a write releases the GIL)."""
-
-    def __init__(self, fd: int):
-        self.fd, self.offset = fd, 0
-        self._pending: deque[Future[None]] = deque()
-
-    def put(self, data: np.ndarray) -> None:
-        """Write `data` next; its memory must stay unchanged until BLOCKS - 1 more `put`s or `wait`."""
-        if len(self._pending) == BLOCKS - 1:
-            self._pending.popleft().result()
-        self._pending.append(_pool("write").submit(_write_aligned, self.fd, data, self.offset))
-        self.offset += data.size
-
-    def wait(self) -> None:
-        """Until every write in flight is done; the first error, if any, raised here."""
-        while self._pending:
-            self._pending.popleft().result()
 
 
 def write_direct(fd: int, chunks: Iterable[memoryview | bytes]) -> int:
     """Write the chunks, in order, to an `open_direct` descriptor; return the file's size.
 
     A large chunk that lands at a file offset congruent to its address modulo ALIGN (the shard
-    layout arranges it) is written from its own memory; the rest goes through BLOCKS block buffers
-    taken in turn, the others written while one fills.
+    layout arranges it) is written from its own memory; the rest goes through the block buffer.
     """
-    blocks = _block_buffers()
-    writes = _Writes(fd)
-    current, filled = 0, 0  # `filled` bytes wait in blocks[current]
-
-    def ship(count: int) -> None:
-        nonlocal current, filled
-        writes.put(blocks[current][:count])
-        current, filled = (current + 1) % BLOCKS, 0
-
-    try:
-        for chunk in chunks:
-            block = blocks[current]
-            small = memoryview(chunk).cast("B")
-            if small.nbytes < DIRECT_MIN and filled + small.nbytes < BLOCK:
-                block.data[filled : filled + small.nbytes] = small  # the usual small chunk: one copy, no numpy
-                filled += small.nbytes
-                continue
-            source = np.frombuffer(small, np.uint8)
-            lead = -source.ctypes.data % ALIGN
-            if source.size - lead >= DIRECT_MIN and (filled + lead) % ALIGN == 0:
-                np.copyto(block[filled : filled + lead], source[:lead])
-                if filled + lead:
-                    ship(filled + lead)
-                direct = (source.size - lead) // ALIGN * ALIGN
-                for start in range(lead, lead + direct, DIRECT_PIECE):
-                    writes.put(source[start : min(start + DIRECT_PIECE, lead + direct)])
-                source = source[lead + direct :]
-            while source.size:
-                block = blocks[current]
-                count = min(source.size, BLOCK - filled)
-                np.copyto(block[filled : filled + count], source[:count])  # numpy drops the GIL for large copies
-                filled += count
-                source = source[count:]
-                if filled == BLOCK:
-                    ship(BLOCK)
-        size = writes.offset + filled
-        if filled:
-            padded = -(-filled // ALIGN) * ALIGN
-            blocks[current][filled:padded] = 0
-            writes.put(blocks[current][:padded])
-        writes.wait()
-    except BaseException:
-        with contextlib.suppress(Exception):
-            writes.wait()  # the blocks in flight are this thread's to reuse only once their writes are done
-        raise
+    block = _block_buffer()
+    room = block.data
+    filled = size = 0  # `size` bytes are on disk, `filled` more wait in the block
+    for chunk in chunks:
+        small = memoryview(chunk).cast("B")
+        if small.nbytes < DIRECT_MIN and filled + small.nbytes < BLOCK:
+            room[filled : filled + small.nbytes] = small  # the usual small chunk: one copy, no numpy call
+            filled += small.nbytes
+            continue
+        source = np.frombuffer(small, np.uint8)
+        lead = -source.ctypes.data % ALIGN
+        if source.size - lead >= DIRECT_MIN and (filled + lead) % ALIGN == 0:
+            np.copyto(block[filled : filled + lead], source[:lead])
+            _write_aligned(fd, block[: filled + lead])
+            direct = (source.size - lead) // ALIGN * ALIGN
+            for start in range(lead, lead + direct, DIRECT_PIECE):
+                _write_aligned(fd, source[start : min(start + DIRECT_PIECE, lead + direct)])
+            size += filled + lead + direct
+            filled = 0
+            source = source[lead + direct :]
+        while source.size:
+            count = min(source.size, BLOCK - filled)
+            np.copyto(block[filled : filled + count], source[:count])  # numpy drops the GIL for large copies
+            filled += count
+            source = source[count:]
+            if filled == BLOCK:
+                _write_aligned(fd, block)
+                size += BLOCK
+                filled = 0
     if filled:
+        padded = -(-filled // ALIGN) * ALIGN
+        block[filled:padded] = 0
+        _write_aligned(fd, block[:padded])
+        size += filled
         os.ftruncate(fd, size)
     return size
 
 
 _READ_PIECE = 32 << 20
-_POOL_THREADS = 16
-_pools: dict[str, ThreadPoolExecutor] = {}
-_pools_guard = threading.Lock()
+_READ_THREADS = 16
+_reader: ThreadPoolExecutor | None = None
 
 
-def _pool(kind: str) -> ThreadPoolExecutor:
-    """The process's threads for reads or for writes (16 each, started as needed)."""
-    with _pools_guard:
-        if kind not in _pools:
-            _pools[kind] = ThreadPoolExecutor(max_workers=_POOL_THREADS, thread_name_prefix=f"ckptstore-{kind}")
-        return _pools[kind]
+def _read_pool() -> ThreadPoolExecutor:
+    global _reader
+    if _reader is None:
+        _reader = ThreadPoolExecutor(max_workers=_READ_THREADS, thread_name_prefix="ckptstore-read")
+    return _reader
 
 
-def _forget_pools() -> None:
-    """A forked child has none of its parent's threads: it starts pools of its own."""
-    global _pools_guard
-    _pools.clear()
-    _pools_guard = threading.Lock()  # a parent's thread may have held it at the fork
+def _forget_pool() -> None:
+    """A forked child has none of its parent's threads: it starts a pool of its own."""
+    global _reader
+    _reader = None
 
 
-os.register_at_fork(after_in_child=_forget_pools)
+os.register_at_fork(after_in_child=_forget_pool)
 
 
 def read_direct(path: str) -> np.ndarray | None:
@@ -225,7 +183,7 @@ def read_direct(path: str) -> np.ndarray | None:
             return filled - start
 
         try:
-            total = sum(_pool("read").map(read, range(0, capacity, _READ_PIECE)))
+            total = sum(_read_pool().map(read, range(0, capacity, _READ_PIECE)))
         except OSError as exc:
             if exc.errno == errno.EINVAL:
                 return None

@@ -252,8 +252,8 @@ def test_cached_last_good_answers_stay_current_across_workers(tmp_path):
                 answer = httpx.get(f"http://127.0.0.1:{port}/v1/jobs/cached/last-good-epoch").json()
                 assert answer["epoch"] == epoch
     finally:
-        process.kill()
-        process.wait()
+        process.terminate()  # not SIGKILL: the supervisor then stops its workers (killed, they outlived the test)
+        process.wait(timeout=30)
 
 
 def test_head_revision_constant_matches_the_migration_scripts():

@@ -31,7 +31,7 @@ from ckptstore.crc import Buffer, byte_view, checksum, crc_combine, format_crc
 from ckptstore.errors import CorruptCheckpointError
 from ckptstore.layout import BLOB_TEMP_PREFIX, MANIFEST_NAME, blob_key, parse_blob_key, plain_blob_key
 from ckptstore.manifest import Manifest, ShardRecord, TensorRecord, TensorTable
-from ckptstore.shard import ShardPlan, iter_shard_chunks, plan_shards
+from ckptstore.shard import ShardPlan, TensorSlot, iter_shard_chunks, plan_shards
 from ckptstore.storage import Storage
 from ckptstore.verify import checked_plain
 
@@ -102,20 +102,22 @@ def _manifest(
             shards.append(shard)
         return index[shard.file]
 
-    slots = {slot.name: (slot, place(record)) for plan, record in zip(plans, written) for slot in plan.slots}
+    slots: dict[str, tuple[TensorSlot, int]] = {}
+    for plan, record in zip(plans, written):
+        shard_index = place(record)
+        slots.update((slot.name, (slot, shard_index)) for slot in plan.slots)
+    unchanged, probes, hashes = examined.unchanged, examined.probes, examined.hashes
     tensors = []
     for name, array in arrays.items():
-        if name in examined.unchanged:
-            record, shard = examined.unchanged[name]
-            tensors.append(record._replace(shard=place(shard)))
+        kept = unchanged.get(name)
+        if kept is not None:
+            tensors.append(kept[0]._replace(shard=place(kept[1])))
             continue
         slot, shard_index = slots[name]
-        probe = examined.probes[name] if name in examined.probes else tensor_probe(array)
+        probe = probes[name] if name in probes else tensor_probe(array)
         crc = format_crc(crcs[name])
         tensors.append(
-            TensorRecord(
-                name, slot.dtype, slot.shape, shard_index, slot.begin, slot.end, crc, examined.hashes[name], probe
-            )
+            TensorRecord(name, slot.dtype, slot.shape, shard_index, slot.begin, slot.end, crc, hashes[name], probe)
         )
     return Manifest(
         job=copy.job,

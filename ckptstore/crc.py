@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import crc32c
 import numpy as np
 
@@ -29,6 +31,7 @@ def format_crc(value: int) -> str:
 
 _POLYNOMIAL = 0x82F63B78  # CRC32C, reflected
 _zeros: list[list[int]] = []  # _zeros[k]: the operator appending 2**k zero bytes to a CRC's register
+_zeros_guard = threading.Lock()
 
 
 def _times(matrix: list[int], vector: int) -> int:
@@ -42,15 +45,18 @@ def _times(matrix: list[int], vector: int) -> int:
 
 
 def _zero_operator(k: int) -> list[int]:
-    if not _zeros:
-        bit = [_POLYNOMIAL, *(1 << row for row in range(31))]  # one zero bit
-        for _ in range(3):
-            bit = [_times(bit, column) for column in bit]  # squared: 2, 4, then 8 zero bits
-        _zeros.append(bit)
-    while len(_zeros) <= k:
-        last = _zeros[-1]
-        _zeros.append([_times(last, column) for column in last])
-    return _zeros[k]
+    if k < len(_zeros):  # entries are appended whole and in order, under the lock: read without it
+        return _zeros[k]
+    with _zeros_guard:  # writer threads of one save combine at once: one of them extends the table
+        if not _zeros:
+            bit = [_POLYNOMIAL, *(1 << row for row in range(31))]  # one zero bit
+            for _ in range(3):
+                bit = [_times(bit, column) for column in bit]  # squared: 2, 4, then 8 zero bits
+            _zeros.append(bit)
+        while len(_zeros) <= k:
+            last = _zeros[-1]
+            _zeros.append([_times(last, column) for column in last])
+        return _zeros[k]
 
 
 def crc_combine(first: int, second: int, second_length: int) -> int:

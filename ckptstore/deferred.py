@@ -45,7 +45,7 @@ class VerifiedTensors(Mapping[str, np.ndarray]):
         self._storage, self._key, self._manifest = storage, key, manifest
         self._location, self._concurrency = location, concurrency
         self._verified = verified  # every shard was checked whole before any read_into
-        self._records = {t.name: t for t in manifest.tensors}
+        self._records = manifest.tensors_by_name
 
     def __getitem__(self, name: str) -> np.ndarray:
         record = self._records[name]

@@ -174,11 +174,12 @@ class Manifest(_Strict):
         return sum(shard.bytes for shard in self.shards)
 
     @cached_property
-    def _tensors_by_name(self) -> dict[str, TensorRecord]:
+    def tensors_by_name(self) -> dict[str, TensorRecord]:
+        """The tensors by name, built once per manifest (a save's dedup and a restore both look them up)."""
         return {t.name: t for t in self.tensors}
 
     def tensor(self, name: str) -> TensorRecord | None:
-        return self._tensors_by_name.get(name)
+        return self.tensors_by_name.get(name)
 
     def plain(self) -> Manifest:
         """This manifest with every blob as stored plain: what two tiers' copies of one checkpoint share,

@@ -8,7 +8,7 @@ resume_check="raise" a drift refuses the restore before anything is assigned.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ckptstore import Position
@@ -17,9 +17,10 @@ from ckptstore.fingerprint import FINGERPRINT_KEY, differences, verdict
 from ckptstore.schema import PositionBody, ResumeAudit
 
 if TYPE_CHECKING:
+    from ckptstore.copies import Restored
     from client.node import NodeCheckpointer
 
-__all__ = ["audit", "judged", "refuse_drift", "said", "mid_epoch_without_data"]
+__all__ = ["audit", "judged", "audit_restored", "refuse_drift", "said", "mid_epoch_without_data"]
 
 
 def mid_epoch_without_data(position: Position, live: dict[str, Any]) -> None:
@@ -53,6 +54,17 @@ def judged(report: ResumeAudit, checkpointer: NodeCheckpointer, resume_check: st
         checkpointer.reports.drain(timeout=5)
         refuse_drift(report, checkpointer.job, checkpointer.node)
     return report
+
+
+def audit_restored(
+    restored: Restored, checkpointer: NodeCheckpointer, resume_check: str, live: Callable[[], Mapping[str, Any]]
+) -> ResumeAudit | None:
+    """The audit of a restored copy against the live run's fingerprint (`live`, taken only when the check
+    is on), `judged`; None under resume_check="off"."""
+    if resume_check == "off":
+        return None
+    report = audit(restored.copy.position, restored.checkpoint.manifest.metadata, live())
+    return judged(report, checkpointer, resume_check)
 
 
 def refuse_drift(report: ResumeAudit, job: str, node: str) -> None:

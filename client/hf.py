@@ -38,7 +38,7 @@ from ckptstore.errors import ResumeRefusedError
 from ckptstore.fingerprint import FINGERPRINT_KEY
 from ckptstore.schema import ResumeAudit
 from ckptstore.shard import numpy_dtype
-from client.audit import audit, judged
+from client.audit import audit_restored
 from client.node import NodeCheckpointer
 from client.options import CheckpointOptions
 from client.restore import restore_in_one_pass
@@ -194,10 +194,13 @@ class BackupAndRestore(TrainerCallback):
         metadata = restored.checkpoint.manifest.metadata
         if LAYOUT_KEY not in metadata:
             raise ValueError("this checkpoint was not written by client.hf.BackupAndRestore")
-        report = None
-        if self.options.resume_check != "off":
-            live = _fingerprint(trainer.model, trainer.args, _length(trainer.train_dataset))
-            report = judged(audit(restored.copy.position, metadata, live), self.checkpointer, self.options.resume_check)
+        check = self.options.resume_check
+        report = audit_restored(
+            restored,
+            self.checkpointer,
+            check,
+            lambda: _fingerprint(trainer.model, trainer.args, _length(trainer.train_dataset)),
+        )
         folder = os.path.join(str(trainer.args.output_dir), STAGING, f"checkpoint-{metadata['global_step']}")
         shutil.rmtree(folder, ignore_errors=True)
         unpack_folder(restored.checkpoint.arrays, metadata[LAYOUT_KEY], folder)

@@ -34,7 +34,7 @@ from ckptstore import Position
 from ckptstore.copies import Restored
 from ckptstore.fingerprint import FINGERPRINT_KEY
 from ckptstore.schema import ResumeAudit
-from client.audit import audit, judged
+from client.audit import audit_restored
 from client.node import NodeCheckpointer
 from client.options import CheckpointOptions
 from client.restore import restore_in_one_pass
@@ -90,10 +90,8 @@ class BackupAndRestore(pl.Callback):
         metadata = restored.checkpoint.manifest.metadata
         if TREE_KEY not in metadata:
             raise ValueError("this checkpoint was not written by client.lightning.BackupAndRestore")
-        report = None
-        if self.options.resume_check != "off":
-            live = _fingerprint(trainer, pl_module)
-            report = judged(audit(restored.copy.position, metadata, live), self.checkpointer, self.options.resume_check)
+        check = self.options.resume_check
+        report = audit_restored(restored, self.checkpointer, check, lambda: _fingerprint(trainer, pl_module))
         return report, unflatten(json.loads(metadata[TREE_KEY]), restored.checkpoint.arrays)
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

@@ -15,6 +15,7 @@ import safetensors.numpy
 from ckptstore import Position, Store
 from ckptstore.errors import CorruptCheckpointError
 from tests.builders import assert_bit_equal
+from tests.job_runs import ROOT
 
 FROZEN_TENSORS, FROZEN_SIZE = 16, 64 << 10  # 16 × 256 KiB of float32
 TRAINED_TENSORS, TRAINED_SIZE = 4, 1 << 10  # 4 × 4 KiB
@@ -199,3 +200,24 @@ def test_a_format_1_copy_of_the_previous_release_is_read_verified_copied_and_del
     old.delete("job", "n0", 0)
     assert not folder.exists() and old.list_positions("job", "n0") == [Position(1)]
     assert_bit_equal(old.load("job", "n0", 1), arrays)
+
+
+def test_crc_combine_gives_the_checksum_of_the_joined_bytes_from_threads_at_once():
+    """A large tensor's CRC32C joins its shard's by crc_combine; the writer threads of one save may build
+    its table of operators at the same moment, in a fresh process."""
+    script = """
+import os, random
+from concurrent.futures import ThreadPoolExecutor
+from ckptstore.crc import checksum, crc_combine
+random.seed(0)
+cases = [(os.urandom(a), os.urandom(b)) for a, b in [(0, 0), (0, 7), (9, 0), (1, 1), (4096, 1 << 20), (13, 123457)]]
+cases += [(os.urandom(random.randrange(5000)), os.urandom(random.randrange(1, 3 << 20))) for _ in range(24)]
+def joined(pair):
+    first, second = pair
+    return crc_combine(checksum(first), checksum(second), len(second)) == checksum(first + second)
+with ThreadPoolExecutor(8) as pool:
+    assert all(pool.map(joined, cases))
+print("ok")
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]

@@ -79,7 +79,6 @@ def page_aligned(array: np.ndarray) -> memoryview:
 
 
 def measure(tree: str, reps: int) -> dict:
-    sys.path.insert(0, tree)
     from ckptstore import Store
 
     arrays = allocated(model_like(int(GIB * 2**30)))

@@ -26,7 +26,6 @@ from bench.trees import main_per_tree  # noqa: E402
 
 
 def measure(tree: str, reps: int) -> dict:
-    sys.path.insert(0, tree)
     import torch
 
     from client.torch import CheckpointManager

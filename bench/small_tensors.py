@@ -24,7 +24,6 @@ from bench.trees import main_per_tree  # noqa: E402
 
 
 def measure(tree: str, reps: int) -> dict:
-    sys.path.insert(0, tree)
     import numpy as np
 
     from ckptstore import Store

@@ -29,9 +29,25 @@ def main_per_tree(
     parser.add_argument("--measure", help=argparse.SUPPRESS)  # one tree, in this process (JSON out)
     args = parser.parse_args()
     if args.measure:
-        print(json.dumps(measure(args.measure, args.reps)))
+        measured = _from_tree(args.measure)
+        result = measure(args.measure, args.reps)
+        imported = sys.modules["ckptstore"].__file__ or ""
+        if not os.path.abspath(imported).startswith(measured + os.sep):
+            raise SystemExit(f"measured {imported}, not the tree {measured}")
+        print(json.dumps(result))
         return
     for tree in [ROOT, *args.tree]:
         command = [sys.executable, script, "--measure", tree, "--reps", str(args.reps)]
         result = json.loads(subprocess.run(command, check=True, capture_output=True, text=True).stdout)
         print(f"{tree}: {show(result)}")
+
+
+def _from_tree(tree: str) -> str:
+    """Put `tree` first on the path and forget the project's modules the script imported from this
+    checkout (a bench helper importing ckptstore at module level would otherwise measure this tree
+    under the other's name)."""
+    tree = os.path.abspath(tree)
+    sys.path.insert(0, tree)
+    for name in [m for m in sys.modules if m.split(".")[0] in ("ckptstore", "client", "server")]:
+        del sys.modules[name]
+    return tree

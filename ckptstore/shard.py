@@ -4,13 +4,15 @@ A shard is a plain safetensors file (`safetensors.numpy.load_file` reads it), wr
 stream of the header followed by each tensor's own buffer, so saving never builds a second
 copy of the state. The header is padded so that tensor data starts at a multiple of ALIGN (64)
 bytes; tensors whose size is a multiple of ALIGN come first, then the others by decreasing item
-size. So every tensor is aligned to its item size (zero-copy views on load), and the large ones
-to 64 bytes, which frameworks need to adopt a loaded buffer without copying it.
+size. So every tensor is aligned to its item size (zero-copy views on load).
 
-The header's padding also puts the shard's large tensors at file offsets congruent to their
+The header's padding then puts the shard's large tensors at file offsets congruent to their
 memory addresses modulo a page (as many of their bytes as one padding can): O_DIRECT then writes
 them from their own memory, without a copy into a staging block (bench/RESULTS.md: 1 GiB in
-0.26 s that way against 0.42 s through the block).
+0.26 s that way against 0.42 s through the block). Frameworks' buffers are 64-byte aligned, so
+their tensors stay 64-byte aligned in the file (what TensorFlow needs to adopt a loaded buffer
+without copying it); numpy's own large buffers start 16 bytes past a page, so a shard they
+dominate puts its data 16 bytes past a 64-byte boundary (still a multiple of every item size).
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ DTYPE_CODES: dict[np.dtype, str] = {
 _LITTLE_ENDIAN = {code: dtype.newbyteorder("<") for dtype, code in DTYPE_CODES.items()}
 ITEMSIZES: dict[str, int] = {code: dtype.itemsize for dtype, code in DTYPE_CODES.items()}
 ALIGN = 64
+MALLOC_ALIGN = 16  # malloc's alignment, a multiple of every item size (numpy's own buffers: a page + 16)
 
 
 def dtype_code(dtype: np.dtype) -> str:
@@ -141,15 +144,16 @@ def _encode_header(
 
 
 def _page_padding(base: int, ordered: list[str], offsets: dict[str, int], arrays: Mapping[str, np.ndarray]) -> int:
-    """Header padding (a multiple of ALIGN, below PAGE) that puts the most bytes of large, ALIGN-aligned
-    tensors at file offsets congruent to their addresses modulo PAGE (see the module docstring)."""
+    """Header padding (below PAGE) that puts the most bytes of large tensors at file offsets congruent
+    to their addresses modulo PAGE (see the module docstring); a multiple of MALLOC_ALIGN, so every
+    tensor stays aligned to its item size."""
     weights: Counter[int] = Counter()
     for name in ordered:
         array = arrays[name]
         if array.nbytes < DIRECT_MIN:
             continue
         address = array.ctypes.data
-        if address % ALIGN == 0 and offsets[name] % ALIGN == 0:
+        if address % MALLOC_ALIGN == 0 and offsets[name] % ALIGN == 0:
             weights[(address - base - offsets[name]) % PAGE] += array.nbytes
     return weights.most_common(1)[0][0] if weights else 0
 

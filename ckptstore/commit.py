@@ -29,7 +29,7 @@ from ckptstore.collector import collector_paused
 from ckptstore.copykey import CopyKey
 from ckptstore.crc import Buffer, byte_view, checksum, crc_combine, format_crc
 from ckptstore.errors import CorruptCheckpointError
-from ckptstore.layout import BLOB_TEMP_PREFIX, MANIFEST_NAME, blob_key, parse_blob_key, plain_blob_key
+from ckptstore.layout import BLOB_TEMP_PREFIX, MANIFEST_NAME, blob_key, blob_pool, parse_blob_key, plain_blob_key
 from ckptstore.manifest import Manifest, ShardRecord, TensorRecord, TensorTable
 from ckptstore.shard import ShardPlan, TensorSlot, iter_shard_chunks, plan_shards
 from ckptstore.storage import Storage
@@ -40,7 +40,7 @@ __all__ = ["commit_checkpoint", "copy_checkpoint", "discard_uncommitted"]
 log = logging.getLogger("ckptstore")
 _DIRECTORY_LEVELS = 3  # <job>/<node>/<position>/ above the attempt prefix may be new too
 _POOL_LEVELS = 2  # <job>/<node>/ above a new pool
-_COMBINED_FROM = 1 << 20  # a tensor's CRC32C joins its shard's by crc_combine (~9 µs) from this size
+_LARGE = 1 << 20  # from this size a tensor is checksummed (and its shard hashed) by a helper thread while written
 
 
 def commit_checkpoint(
@@ -146,34 +146,55 @@ def _write_blobs(
     """Write each planned shard as a blob of the copy's node (but those the bases hold already), encoded
     where `codec` is on and it pays."""
     staged = _Staging(storage)
+    helper = ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="ckptstore-sums")
 
     def write(plan: ShardPlan) -> tuple[ShardRecord, dict[str, int]]:
         crcs: dict[str, int] = {}
         shard_crc = 0
 
         def checked() -> Iterator[tuple[str | None, memoryview]]:
-            """The shard's chunks, each checksummed before it is yielded; a large tensor's CRC32C joins the
-            shard's by `crc_combine`, not by a second pass over its bytes."""
+            """The shard's chunks, each checksummed; a large tensor's CRC32C is computed by a helper thread
+            while the chunk is being written, and joins the shard's by `crc_combine`, not by a second pass
+            over its bytes."""
             nonlocal shard_crc
             for name, chunk in iter_shard_chunks(plan, arrays):
                 if name is None:
                     shard_crc = checksum(chunk, shard_crc)
-                elif len(chunk) < _COMBINED_FROM:
+                elif len(chunk) < _LARGE:
                     crcs[name] = checksum(chunk)
                     shard_crc = checksum(chunk, shard_crc)
                 else:
-                    crcs[name] = checksum(chunk)
+                    pending = helper.submit(checksum, chunk)
+                    yield name, chunk
+                    crcs[name] = pending.result()
                     shard_crc = crc_combine(shard_crc, crcs[name], len(chunk))
+                    continue
                 yield name, chunk
 
-        identity = blob_id(plan.header, (examined.hash_of(slot.name, arrays[slot.name]) for slot in plan.slots))
+        def identity_of(plan: ShardPlan) -> str:
+            return blob_id(plan.header, (examined.hash_of(slot.name, arrays[slot.name]) for slot in plan.slots))
+
+        if codec is None and storage.is_local:
+            # Named after the write: the disk is busy from the first byte while a helper hashes large tensors.
+            large = any(slot.end - slot.begin >= _LARGE for slot in plan.slots)
+            hashing = helper.submit(identity_of, plan) if large else None
+            temp = staged.unnamed(blob_pool(copy.job, copy.node))
+            storage.write_object(temp, (chunk for _, chunk in checked()), plan.size)
+            identity = identity_of(plan) if hashing is None else hashing.result()
+            final = blob_key(copy.job, copy.node, identity)
+            if final in held:
+                staged.drop(temp)
+                return held[final], crcs
+            staged.name(temp, final)
+            return ShardRecord(file=final, bytes=plan.size, crc32c=format_crc(shard_crc), blob=identity), crcs
+        identity = identity_of(plan)
         final = blob_key(copy.job, copy.node, identity)
         if final in held:
             for _ in checked():
                 pass  # the bytes are there: only their checksums are needed
             return held[final], crcs
         if codec is None:
-            storage.write_object(staged.place(final), (chunk for _, chunk in checked()), plan.size)
+            storage.write_object(final, (chunk for _, chunk in checked()), plan.size)
             return ShardRecord(file=final, bytes=plan.size, crc32c=format_crc(shard_crc), blob=identity), crcs
         encoded = encode(
             ((chunk, 1 if name is None else arrays[name].itemsize) for name, chunk in checked()), plan.size
@@ -188,9 +209,12 @@ def _write_blobs(
         storage.write_object(staged.place(stored.file), [encoded], len(encoded))
         return stored, crcs
 
-    with ThreadPoolExecutor(max_workers=max(1, min(concurrency, len(plans)))) as pool:
-        results = list(pool.map(write, plans))
-        staged.commit(pool)
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, min(concurrency, len(plans)))) as pool:
+            results = list(pool.map(write, plans))
+            staged.commit(pool)
+    finally:
+        helper.shutdown(wait=True)
     crcs = {name: crc for _, part in results for name, crc in part.items()}
     return [record for record, _ in results], crcs
 
@@ -223,13 +247,24 @@ class _Staging:
         """Where to write the blob `final` now."""
         if not self.storage.is_local:
             return final
-        pool = final.rsplit("/", 1)[0]
+        temp = self.unnamed(final.rsplit("/", 1)[0])
+        self.name(temp, final)
+        return temp
+
+    def unnamed(self, pool: str) -> str:
+        """A temporary name in `pool` (local storage) for a blob whose name is known once it is written."""
         if pool not in self.pools:
             self.storage.make_prefix(pool)
             self.pools.add(pool)
-        temp = f"{pool}/{BLOB_TEMP_PREFIX}{secrets.token_hex(8)}"
+        return f"{pool}/{BLOB_TEMP_PREFIX}{secrets.token_hex(8)}"
+
+    def name(self, temp: str, final: str) -> None:
+        """The blob written at `temp` goes into place as `final` at commit."""
         self.moves.append((temp, final))
-        return temp
+
+    def drop(self, temp: str) -> None:
+        """The blob written at `temp` is not needed (its pool holds it already)."""
+        self.storage.remove_file(temp)
 
     def commit(self, pool: Executor) -> None:
         """Make the staged blobs durable under their own names."""

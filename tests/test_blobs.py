@@ -221,3 +221,28 @@ print("ok")
 """
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+@pytest.mark.parametrize("tensor_bytes", [4 << 10, 4 << 20], ids=["small", "large"])
+def test_a_shard_the_pool_holds_already_is_written_once_and_no_temporary_stays(tmp_path, monkeypatch, tensor_bytes):
+    """A local save names a blob after writing it (its hash is computed beside the write): when the
+    name turns out to be a blob the base holds already, the new file is dropped, not kept twice."""
+    import ckptstore.commit
+    from ckptstore.blobs import Examined
+
+    rng = np.random.default_rng(3)
+    state = {f"t{i}": rng.standard_normal(tensor_bytes // 4, dtype=np.float32) for i in range(3)}
+    store = Store(str(tmp_path))
+    store.save("held", "n0", 0, state, attempt=1)
+    first = blob_files(str(tmp_path), "held", "n0")
+    # Every tensor "changed" (as when a base's records could not be matched): the same shard is planned again.
+    monkeypatch.setattr(ckptstore.commit, "examine", lambda *args, **kwargs: Examined())
+    store.save("held", "n0", 1, state, attempt=1)
+    pool = os.path.join(tmp_path, "held", "n0", ".blobs")
+    assert blob_files(str(tmp_path), "held", "n0") == first
+    assert sorted(os.listdir(pool)) == sorted(first), "no temporary blob left in the pool"
+    assert (
+        store.manifest(store.copies("held", "n0", Position(1))[0]).shards
+        == store.manifest(store.copies("held", "n0", Position(0))[0]).shards
+    )
+    assert_bit_equal(Store(str(tmp_path)).load("held", "n0", 1), state)

@@ -36,6 +36,7 @@ import statistics
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -113,7 +114,27 @@ class Connection:
         self.reader = self.writer = None
 
 
-async def restart(port: int, node: str, began: float, statuses: Counter) -> tuple[float, float]:
+def cpu_seconds() -> dict[str, float]:
+    """CPU seconds every process on the machine has used so far, by kind: this process (the storm's
+    client), PostgreSQL, nginx, the service's processes (the other Python processes), the rest."""
+    tick = os.sysconf("SC_CLK_TCK")
+    used: dict[str, float] = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as handle:
+                stat = handle.read()
+        except OSError:
+            continue  # exited meanwhile
+        name, fields = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :].split()
+        kind = next((k for k in ("postgres", "nginx", "python") if name.startswith(k)), "other")
+        kind = "client" if int(pid) == os.getpid() else "service" if kind == "python" else kind
+        used[kind] = used.get(kind, 0.0) + (int(fields[11]) + int(fields[12])) / tick  # utime + stime
+    return used
+
+
+async def restart(
+    port: int, node: str, began: float, statuses: Counter, answered: Callable[[], None]
+) -> tuple[float, float]:
     """One node's restart, as a NodeCheckpointer makes it: seconds to its resume position, to agreement."""
     connection = Connection(port, statuses)
     try:
@@ -123,6 +144,7 @@ async def restart(port: int, node: str, began: float, statuses: Counter) -> tupl
         body = {"declared_at": declared["updated_at"], "stored": stored}
         start = await connection.ask(request("POST", f"/v1/jobs/{JOB}/nodes/{node}/start", body, key))
         first_answer = time.perf_counter() - began
+        answered()
         if start["attempt"] is None:
             raise RuntimeError(f"the start was declined: {start['refused']}")
         number, resume = start["attempt"]["attempt"], start["resume"]["resume"]
@@ -137,8 +159,20 @@ async def restart(port: int, node: str, began: float, statuses: Counter) -> tupl
 
 async def storm_once(port: int, nodes: list[str]) -> dict:
     statuses: Counter = Counter()
+    before = cpu_seconds()
+    after: dict[str, float] = {}
+    waiting = len(nodes)
+
+    def answered() -> None:  # when the last node has its answer: what each part of the machine spent
+        nonlocal waiting
+        waiting -= 1
+        if waiting == 0:
+            after.update(cpu_seconds(), wall=time.perf_counter() - began)
+
     began = time.perf_counter()
-    results = await asyncio.gather(*(restart(port, n, began, statuses) for n in nodes), return_exceptions=True)
+    results = await asyncio.gather(
+        *(restart(port, n, began, statuses, answered) for n in nodes), return_exceptions=True
+    )
     failed = [r for r in results if isinstance(r, BaseException)]
     done = [r for r in results if not isinstance(r, BaseException)]
 
@@ -154,6 +188,7 @@ async def storm_once(port: int, nodes: list[str]) -> dict:
         "nodes": len(nodes),
         "first_answer": spread([first for first, _ in done]) if done else None,
         "agreed": spread([agreed for _, agreed in done]) if done else None,
+        "cpu_s_to_the_last_first_answer": {k: round(v - before.get(k, 0.0), 2) for k, v in sorted(after.items())},
         "statuses": dict(statuses),
         "failed": len(failed),
         "first_failure": repr(failed[0])[:300] if failed else None,

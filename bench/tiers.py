@@ -8,8 +8,8 @@
 - replication: `Store.copy_from(local, verify="sizes")` of a GIB checkpoint to S3 against a raw
   s3fs upload (`fs.put`) of the same shard files, interleaved.
 - restore-local: reading a GIB checkpoint from the local tier, verified (`read_nearest_intact`),
-  against a raw read of the same shard files (4 threads), both cold (page cache dropped) and each
-  in a fresh process, as at a restart.
+  against a raw read of the same shard files into new buffers it keeps (4 threads), both cold (page
+  cache dropped) and each in a fresh process, as at a restart.
 - keras-restore: end-to-end `restore_or_initialize()` of a Keras model with GIB of weights (3 × GIB
   of state with Adam), cold, each run in a fresh process: this tree against the previous release
   (`git archive PREVIOUS` on PYTHONPATH) and a raw read of the same blob files into new buffers (4
@@ -125,13 +125,15 @@ root, paths = sys.argv[3], sys.argv[4:]
 
 def read(path):
     with open(path, "rb", buffering=0) as handle:
-        return handle.readinto(np.empty(os.fstat(handle.fileno()).st_size, np.uint8))
+        buffer = np.empty(os.fstat(handle.fileno()).st_size, np.uint8)
+        handle.readinto(buffer)
+        return buffer
 
 
 started = time.perf_counter()
-if sys.argv[2] == "raw":
+if sys.argv[2] == "raw":  # the bytes kept, as a restore keeps them (memory never touched costs its faults)
     with ThreadPoolExecutor(4) as pool:
-        list(pool.map(read, paths))
+        kept = list(pool.map(read, paths))
 else:
     read_nearest_intact({"local": Store(root)}, "job", "n0", Position(0))
 print(time.perf_counter() - started)

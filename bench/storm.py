@@ -15,7 +15,8 @@ PostgreSQL at 64 connections on the batch route.
   request until then: `server.agreement`). A connection the service closed is opened again (as
   httpx's pool does), and counted. Per node, seconds from the storm's start to its first answer and
   to the agreement:
-  p50 / p99 / max, and the statuses. Setups: SQLite with 1 service process; PostgreSQL with 1, and
+  p50 / p99 / max, the statuses, and the CPU seconds each part of the machine (this client, the
+  service, PostgreSQL, nginx) spent until the last node had its first answer. Setups: SQLite with 1 service process; PostgreSQL with 1, and
   3 replicas (1 process each) behind Debian's nginx (SQLite is one file on one machine: replicas
   need PostgreSQL, docs/operations.md).
 - commit_tail: `bench/scale.py`'s commits phase — wrk, 64 connections, one new position per
@@ -114,12 +115,13 @@ class Connection:
         self.reader = self.writer = None
 
 
-def cpu_seconds() -> dict[str, float]:
-    """CPU seconds every process on the machine has used so far, by kind: this process (the storm's
-    client), PostgreSQL, nginx, the service's processes (the other Python processes), the rest."""
+def cpu_seconds() -> dict[int, tuple[str, float]]:
+    """Per process on the machine, its kind and the CPU seconds it has used so far. Kinds: this
+    process (the storm's client), PostgreSQL, nginx, the service's processes (the other Python
+    processes), the rest."""
     tick = os.sysconf("SC_CLK_TCK")
-    used: dict[str, float] = {}
-    for pid in filter(str.isdigit, os.listdir("/proc")):
+    used: dict[int, tuple[str, float]] = {}
+    for pid in map(int, filter(str.isdigit, os.listdir("/proc"))):
         try:
             with open(f"/proc/{pid}/stat") as handle:
                 stat = handle.read()
@@ -127,9 +129,17 @@ def cpu_seconds() -> dict[str, float]:
             continue  # exited meanwhile
         name, fields = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :].split()
         kind = next((k for k in ("postgres", "nginx", "python") if name.startswith(k)), "other")
-        kind = "client" if int(pid) == os.getpid() else "service" if kind == "python" else kind
-        used[kind] = used.get(kind, 0.0) + (int(fields[11]) + int(fields[12])) / tick  # utime + stime
+        kind = "client" if pid == os.getpid() else "service" if kind == "python" else kind
+        used[pid] = kind, (int(fields[11]) + int(fields[12])) / tick  # utime + stime
     return used
+
+
+def cpu_spent(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]]) -> dict[str, float]:
+    """CPU seconds by kind between two `cpu_seconds()` (a process that exited in between is not counted)."""
+    spent: dict[str, float] = {}
+    for pid, (kind, seconds) in after.items():
+        spent[kind] = spent.get(kind, 0.0) + seconds - before.get(pid, (kind, 0.0))[1]
+    return {kind: round(seconds, 2) for kind, seconds in sorted(spent.items())}
 
 
 async def restart(
@@ -160,14 +170,14 @@ async def restart(
 async def storm_once(port: int, nodes: list[str]) -> dict:
     statuses: Counter = Counter()
     before = cpu_seconds()
-    after: dict[str, float] = {}
+    spent: dict[str, float] = {}
     waiting = len(nodes)
 
     def answered() -> None:  # when the last node has its answer: what each part of the machine spent
         nonlocal waiting
         waiting -= 1
         if waiting == 0:
-            after.update(cpu_seconds(), wall=time.perf_counter() - began)
+            spent.update(cpu_spent(before, cpu_seconds()), wall=round(time.perf_counter() - began, 2))
 
     began = time.perf_counter()
     results = await asyncio.gather(
@@ -188,7 +198,7 @@ async def storm_once(port: int, nodes: list[str]) -> dict:
         "nodes": len(nodes),
         "first_answer": spread([first for first, _ in done]) if done else None,
         "agreed": spread([agreed for _, agreed in done]) if done else None,
-        "cpu_s_to_the_last_first_answer": {k: round(v - before.get(k, 0.0), 2) for k, v in sorted(after.items())},
+        "cpu_s_to_the_last_first_answer": spent,
         "statuses": dict(statuses),
         "failed": len(failed),
         "first_failure": repr(failed[0])[:300] if failed else None,

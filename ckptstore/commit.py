@@ -148,6 +148,9 @@ def _write_blobs(
     staged = _Staging(storage)
     helper = ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="ckptstore-sums")
 
+    def identity_of(shard: ShardPlan) -> str:
+        return blob_id(shard.header, (examined.hash_of(slot.name, arrays[slot.name]) for slot in shard.slots))
+
     def write(plan: ShardPlan) -> tuple[ShardRecord, dict[str, int]]:
         crcs: dict[str, int] = {}
         shard_crc = 0
@@ -170,9 +173,6 @@ def _write_blobs(
                     shard_crc = crc_combine(shard_crc, crcs[name], len(chunk))
                     continue
                 yield name, chunk
-
-        def identity_of(plan: ShardPlan) -> str:
-            return blob_id(plan.header, (examined.hash_of(slot.name, arrays[slot.name]) for slot in plan.slots))
 
         if codec is None and storage.is_local:
             # Named after the write: the disk is busy from the first byte while a helper hashes large tensors.

@@ -174,6 +174,9 @@ def _write_blobs(
                     continue
                 yield name, chunk
 
+        def plain(final: str, identity: str) -> ShardRecord:  # the blob as written (read after `checked`)
+            return ShardRecord(file=final, bytes=plan.size, crc32c=format_crc(shard_crc), blob=identity)
+
         if codec is None and storage.is_local:
             # Named after the write: the disk is busy from the first byte while a helper hashes large tensors.
             large = any(slot.end - slot.begin >= _LARGE for slot in plan.slots)
@@ -186,7 +189,7 @@ def _write_blobs(
                 staged.drop(temp)
                 return held[final], crcs
             staged.name(temp, final)
-            return ShardRecord(file=final, bytes=plan.size, crc32c=format_crc(shard_crc), blob=identity), crcs
+            return plain(final, identity), crcs
         identity = identity_of(plan)
         final = blob_key(copy.job, copy.node, identity)
         if final in held:
@@ -195,11 +198,11 @@ def _write_blobs(
             return held[final], crcs
         if codec is None:
             storage.write_object(final, (chunk for _, chunk in checked()), plan.size)
-            return ShardRecord(file=final, bytes=plan.size, crc32c=format_crc(shard_crc), blob=identity), crcs
+            return plain(final, identity), crcs
         encoded = encode(
             ((chunk, 1 if name is None else arrays[name].itemsize) for name, chunk in checked()), plan.size
         )
-        record = ShardRecord(file=final, bytes=plan.size, crc32c=format_crc(shard_crc), blob=identity)
+        record = plain(final, identity)
         if encoded is None:
             storage.write_object(
                 staged.place(final), (chunk for _, chunk in iter_shard_chunks(plan, arrays)), plan.size

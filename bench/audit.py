@@ -5,7 +5,7 @@ against a save's blocked time and a restore's total time, for ≈ 1 GiB of PyTor
 
 Two layouts of the same bytes: `model_like` (8 large matrices, 200 biases) and 4,000 tensors (a
 deep model's many small parameters: the fingerprint lists each one). Each repetition saves through
-`client.torch.CheckpointManager` (async: the blocked time is what training waits) into a fresh
+`ckptstore.client.torch.CheckpointManager` (async: the blocked time is what training waits) into a fresh
 directory, then restores it cold into a new manager (page cache dropped where the OS allows). The
 fingerprint and the audit are timed where they run, inside those very calls (their functions
 wrapped with a timer), so the ratios do not rest on two noisy totals. Reports medians.
@@ -29,11 +29,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-import client.manager  # noqa: E402
-import client.torch.manager  # noqa: E402
+import ckptstore.client.engine.manager  # noqa: E402
+import ckptstore.client.torch.manager  # noqa: E402
 from bench.save_restore import drop_caches, model_like  # noqa: E402
 from bench.torch_save import Holder  # noqa: E402
-from client.torch import CheckpointManager  # noqa: E402
+from ckptstore.client.torch import CheckpointManager  # noqa: E402
 
 
 def many_tensors(total_bytes: int, count: int = 4000) -> dict[str, np.ndarray]:
@@ -83,8 +83,8 @@ def main() -> None:
     parser.add_argument("--gib", type=float, default=1.0)
     parser.add_argument("--reps", type=int, default=5)
     args = parser.parse_args()
-    fingerprint = Timed(client.torch.manager, "fingerprint")
-    audit = Timed(client.manager.LoopManager, "_audit")
+    fingerprint = Timed(ckptstore.client.torch.manager, "fingerprint")
+    audit = Timed(ckptstore.client.engine.manager.LoopManager, "_audit")
     total = int(args.gib * 2**30)
     layouts: dict[str, Callable[[int], dict[str, np.ndarray]]] = {
         "model_like": model_like,

@@ -12,7 +12,7 @@
   save of a process (a base on storage, nothing reusable), medians of `--reps` interleaved runs,
   each in a fresh process.
 - Hashing: XXH3-128 and the 4 KiB probe on this machine, GiB/s.
-- The lossless codec (`ckptstore.codec`: zstd of byte-grouped values) on bf16 weights and fp32 Adam
+- The lossless codec (`ckptstore.format.codec`: zstd of byte-grouped values) on bf16 weights and fp32 Adam
   moments: ratio and single-stream GB/s on one shard, then whole saves and loads to local disk with
   and without it. `--codec-only` runs just this part.
 """
@@ -146,11 +146,11 @@ def codec_states() -> dict[str, dict]:
 
 
 def codec() -> dict[str, dict]:
-    """The built codec (`ckptstore.codec`): per kind of tensor, its ratio and single-stream encode and
+    """The built codec (`ckptstore.format.codec`): per kind of tensor, its ratio and single-stream encode and
     decode GB/s on one 64 MiB shard; then whole saves and loads of each state to local disk with a
     plain store and with `Store(codec="bytegroup-zstd")` (this tree only: the codec is new)."""
     from ckptstore import Store
-    from ckptstore.codec import CODEC_NAME, blob_items, decode, encode
+    from ckptstore.format.codec import CODEC_NAME, blob_items, decode, encode
 
     results: dict[str, dict] = {"shard": {}, "store": {}}
     workdir = tempfile.mkdtemp(prefix="ckpt-codec-")

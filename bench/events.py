@@ -3,7 +3,7 @@
     python bench/events.py [--db sqlite postgres] [--subscribers 200] [--duration 10] [--reps 3]
                            [--subscriber-encoding gzip|plain] [--nice-subscribers] [--out FILE]
 
-For each database: `python -m server` (1 worker) on a database filled with 1,000 jobs × 8 nodes ×
+For each database: `python -m ckptstore.server` (1 worker) on a database filled with 1,000 jobs × 8 nodes ×
 10 epochs; wrk measures commit throughput (64 connections, POST commits of new positions) and the
 cached last-good throughput (32 connections, after asking every job once) with no subscriber, then
 again with --subscribers SSE streams attached (held by a separate process, reading every byte and
@@ -31,7 +31,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.service import populate, run_wrk, running_service, scratch_database, warm_up  # noqa: E402
-from server.stream import GZIP_HEADER  # noqa: E402
+from ckptstore.server.events.stream import GZIP_HEADER  # noqa: E402
 
 SUBSCRIBERS = r"""
 import asyncio, sys, zlib
@@ -41,7 +41,7 @@ received = 0
 counts = {}
 def events_in(segment):
     # Every gzip chunk is a deflate segment of whole frames that refers to nothing before it
-    # (server/stream.py), and the streams all carry the same ones: each distinct segment is inflated
+    # (server/events/stream.py), and the streams all carry the same ones: each distinct segment is inflated
     # once for all of them. Inflating each stream's copy took this process 0.17 s of CPU per second
     # on the 2 cores it shares with the service, wrk and the database, at the very moments the
     # service fans a wake-up out (bench/RESULTS.md, events, eighth round).

@@ -1,4 +1,4 @@
-"""JAX pytrees: `client.jax.CheckpointManager` against Orbax's `StandardCheckpointer`, in one run.
+"""JAX pytrees: `ckptstore.client.jax.CheckpointManager` against Orbax's `StandardCheckpointer`, in one run.
 
     python bench/jax_orbax.py [--mib 512] [--reps 5]
 
@@ -51,7 +51,7 @@ def leaves_equal(a: dict, b: dict) -> bool:
 
 
 def ckptstore_round(state: dict, folder: str) -> tuple[float, float, bool]:
-    from client.jax import CheckpointManager
+    from ckptstore.client.jax import CheckpointManager
 
     options = {"storage": folder, "job": "bench", "node": "n0", "async_save": False}
     with CheckpointManager(**options) as mgr:

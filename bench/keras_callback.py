@@ -33,7 +33,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 from bench.save_restore import raw_write  # noqa: E402
-from client.keras import BackupAndRestore  # noqa: E402
+from ckptstore.client.keras import BackupAndRestore  # noqa: E402
 
 WIDTH = 4096
 

@@ -2,10 +2,10 @@
 
     python bench/presigned.py [--mib 1024] [--reps 3] [--out FILE]
 
-moto's S3 server and the signing service (`python -m server`, holding moto's credentials) each run in
+moto's S3 server and the signing service (`python -m ckptstore.server`, holding moto's credentials) each run in
 their own process. Per repetition, interleaved and the order rotated: `ckptstore.Store` saves the same
 state (`model_like`, 1 GiB by default) to a fresh root and loads it back, (a) through s3fs with the
-credentials, (b) through URLs the service signs for a registered node (`client.presigned`: the
+credentials, (b) through URLs the service signs for a registered node (`ckptstore.client.service.presigned`: the
 filesystem a `presigned=True` node uses). Medians; ratio = presigned speed / s3fs speed.
 """
 
@@ -27,10 +27,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.save_restore import model_like, nbytes, report, start_moto  # noqa: E402
 from ckptstore import Store  # noqa: E402
-from ckptstore.storage import open_storage  # noqa: E402
-from client.presigned import presigned_storage  # noqa: E402
-from client.service import ServiceClient  # noqa: E402
-from client.signed_urls import SignedUrlSource  # noqa: E402
+from ckptstore.client.service.presigned import presigned_storage  # noqa: E402
+from ckptstore.client.service.rest import ServiceClient  # noqa: E402
+from ckptstore.client.service.signed_urls import SignedUrlSource  # noqa: E402
+from ckptstore.storage.filesystem import open_storage  # noqa: E402
 from tests.live import start_service_process  # noqa: E402
 from tests.servers import free_port  # noqa: E402
 

@@ -32,7 +32,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from ckptstore import Store  # noqa: E402
-from ckptstore.storage import open_storage  # noqa: E402
+from ckptstore.storage.filesystem import open_storage  # noqa: E402
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 

@@ -195,7 +195,7 @@ def dashboard(kind: str) -> dict:
 
 FIT = """
 import json, sys, time, keras
-from client.keras import BackupAndRestore
+from ckptstore.client.keras import BackupAndRestore
 from tests.train_job import BATCH, data, make_model
 epochs = []
 class Clock(keras.callbacks.Callback):

@@ -3,7 +3,7 @@
     python bench/service.py [--jobs 10000] [--nodes 8] [--epochs 100] [--db sqlite postgres]
                             [--workers 1 2] [--duration 10] [--previous REF] [--phases ...]
 
-For each database and worker count it starts `python -m server` on 127.0.0.1, fills the database
+For each database and worker count it starts `python -m ckptstore.server` on 127.0.0.1, fills the database
 directly with jobs × nodes × epochs committed records (all positions good), then measures with wrk
 (closed loop, 32 connections, bounded by --duration): GET /healthz (the trivial endpoint), GET
 last-good-epoch over random jobs, commits of new epochs (`POST …/checkpoints/batch` with one commit
@@ -38,7 +38,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from sqlalchemy import create_engine, event, text  # noqa: E402
 
-from server.migrate import migrate  # noqa: E402
+from ckptstore.server.db.migrate import migrate  # noqa: E402
 from tests.servers import Nginx, free_port  # noqa: E402
 
 WRK_SCRIPT = r"""
@@ -128,9 +128,9 @@ def populate(url: str, jobs: int, nodes: int, epochs: int, root: str) -> float:
 
 def explain_last_good(url: str, job: str) -> list[str]:
     """The plan of every statement the last-good answer runs (captured from the real code path)."""
-    from server import records
-    from server.db import Database, make_engine
-    from server.last_good import last_good
+    from ckptstore.server.db.engine import Database, make_engine
+    from ckptstore.server.records import rules
+    from ckptstore.server.records.last_good import last_good
 
     database = Database(make_engine(url))
     statements: list[tuple[str, object]] = []
@@ -142,7 +142,7 @@ def explain_last_good(url: str, job: str) -> list[str]:
 
     statements.append((database.version_sql, (job,)))  # the cache check, on its own DBAPI connection
     with database.read() as session:
-        last_good(session, records.find_job(session, job))
+        last_good(session, rules.find_job(session, job))
     event.remove(database.engine, "before_cursor_execute", capture)
     plans = []
     with database.engine.connect() as c:
@@ -160,7 +160,7 @@ def explain_last_good(url: str, job: str) -> list[str]:
 def running_service(
     url: str, workers: int, root: str, code: str | None = None
 ) -> Iterator[tuple[int, subprocess.Popen]]:
-    """`python -m server` (from the tree `code`, default this one) on a free loopback port for the
+    """`python -m ckptstore.server` (from the tree `code`, default this one) on a free loopback port for the
     duration of the block: (port, process)."""
     from tests.servers import free_port
 
@@ -186,7 +186,7 @@ def start_service(url: str, port: int, workers: int, root: str, code: str | None
         }
     )
     # `-m` puts the working directory first on sys.path: run from the tree whose server is meant.
-    process = subprocess.Popen([sys.executable, "-m", "server"], env=env, stdout=subprocess.DEVNULL, cwd=code)
+    process = subprocess.Popen([sys.executable, "-m", "ckptstore.server"], env=env, stdout=subprocess.DEVNULL, cwd=code)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
@@ -316,7 +316,7 @@ def scratch_database(kind: str, prefix: str, code: str | None = None) -> Iterato
         if code is None:
             migrate(url)
         else:
-            script = f"import sys; sys.path.insert(0, {code!r}); from server.migrate import migrate; migrate({url!r})"
+            script = f"import sys; sys.path.insert(0, {code!r}); from ckptstore.server.db.migrate import migrate; migrate({url!r})"
             subprocess.run([sys.executable, "-c", script], check=True, env=os.environ | {"PYTHONPATH": code})
         yield url, tmp
     finally:

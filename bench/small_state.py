@@ -2,7 +2,7 @@
 
     python bench/small_state.py [--reps 15] [--tree PATH ...]
 
-A 3-layer MLP with its Adam state (12.7 MB), saved once on local disk by `client.torch.CheckpointManager`
+A 3-layer MLP with its Adam state (12.7 MB), saved once on local disk by `ckptstore.client.torch.CheckpointManager`
 (no service) and by `torch.save`. Each repetition, interleaved: a fresh model and optimizer, then
 (a) a new `CheckpointManager` and `restore_or_initialize()` — what a restarting script runs —, and
 (b) `torch.load(weights_only=True)` + `load_state_dict` for both; warm page cache, one process.
@@ -28,7 +28,7 @@ from bench.trees import main_per_tree  # noqa: E402
 def measure(tree: str, reps: int) -> dict:
     import torch
 
-    from client.torch import CheckpointManager
+    from ckptstore.client.torch import CheckpointManager
 
     def make():
         torch.manual_seed(0)

@@ -2,7 +2,7 @@
 
     python bench/soak.py [--rate 600] [--duration 60] [--jobs 1000] [--db sqlite|postgres]
 
-Starts `python -m server` on loopback over a database filled by SQL (bench/service.py's
+Starts `python -m ckptstore.server` on loopback over a database filled by SQL (bench/service.py's
 `populate`), then sends an open-loop mix at --rate requests/s for --duration seconds — 80 %
 last-good queries, 15 % commits of new epochs, 5 % health reports — over 16 keep-alive
 connections, latency counted from each request's scheduled start. Samples the service's RSS every

@@ -9,10 +9,10 @@ PostgreSQL at 64 connections on the batch route.
   good). Then every node at once, one keep-alive connection each (raw HTTP/1.1, asyncio: the client
   costs little CPU), makes a restarting `NodeCheckpointer`'s requests: `GET /v1/jobs/{job}` (the
   declared-job check at construction), `POST …/nodes/{node}/start` (registers the attempt and answers
-  the node's part of the last-good answer in one request: client.startup.start_in_one_request) —
+  the node's part of the last-good answer in one request: ckptstore.client.engine.startup.start_in_one_request) —
   **its answer is the node's resume position: the "first answer"** —, `PUT …/attempts/{n}` (where it
   resumed), then `GET …/resume-agreement?wait_s=20` until every node agreed (the service holds each
-  request until then: `server.agreement`). A connection the service closed is opened again (as
+  request until then: `ckptstore.server.records.agreement`). A connection the service closed is opened again (as
   httpx's pool does), and counted. Per node, seconds from the storm's start to its first answer and
   to the agreement:
   p50 / p99 / max, the statuses, and the CPU seconds each part of the machine (this client, the
@@ -43,7 +43,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.scale import Results, commit, get_json, post, send_all  # noqa: E402
 from bench.service import populate, replicas, run_wrk, scratch_database  # noqa: E402
-from client.restore import AGREEMENT_WAIT_S  # noqa: E402
+from ckptstore.client.engine.restore import AGREEMENT_WAIT_S  # noqa: E402
 
 JOB = "storm"
 

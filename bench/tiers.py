@@ -38,7 +38,7 @@ sys.path.insert(0, ROOT)
 
 from bench.save_restore import PAGE, PeakRss, drop_caches, model_like, report, start_moto  # noqa: E402
 from ckptstore import CheckpointRef, Position, Store  # noqa: E402
-from ckptstore.storage import UPLOAD_PART_SIZE  # noqa: E402
+from ckptstore.storage.filesystem import UPLOAD_PART_SIZE  # noqa: E402
 from ckptstore.store import DEFAULT_CONCURRENCY, DEFAULT_SHARD_SIZE  # noqa: E402
 
 S3 = {"key": "testing", "secret": "testing"}
@@ -51,7 +51,7 @@ def median(values: list[float]) -> float:
 def blocked_per_save(gib: float, saves: int, reps: int, endpoint: str) -> dict:
     import tensorflow as tf
 
-    from client.loop import CheckpointManager
+    from ckptstore.client.tensorflow.manager import CheckpointManager
 
     n = max(1, round(gib * 4))
     module = tf.Module()
@@ -169,7 +169,7 @@ KERAS_CHILD = """
 import os, sys, time, json
 os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
 sys.path.insert(0, sys.argv[1])
-from client.loop import CheckpointManager
+from ckptstore.client.tensorflow.manager import CheckpointManager
 sys.path.insert(0, sys.argv[2])
 from bench.keras_callback import make_model
 from bench.save_restore import drop_caches

@@ -6,8 +6,8 @@ Methods, interleaved A B C … with the order rotated each repetition, each into
 local disk, loads cold (page cache dropped where the OS allows it):
 - torch.save + fsync / torch.load(weights_only=True) then load_state_dict;
 - DCP's FileSystemWriter / FileSystemReader (torch.distributed.checkpoint, fsync on; loads in place);
-- ckptstore: client.torch.CheckpointManager (synchronous save, then restore_or_initialize);
-- ckptstore DCP: client.torch.dcp's CkptstoreWriter / CkptstoreReader;
+- ckptstore: ckptstore.client.torch.CheckpointManager (synchronous save, then restore_or_initialize);
+- ckptstore DCP: ckptstore.client.torch.dcp's CkptstoreWriter / CkptstoreReader;
 - raw fsspec: the bytes written sequentially into one file + fsync (the ceiling).
 "Restore" means the values end up in the live tensors (load_state_dict copies them in), as a
 training script does. Also: how long an async `save` blocks the loop (state copied to host
@@ -33,8 +33,8 @@ import torch  # noqa: E402
 import torch.distributed.checkpoint as dcp  # noqa: E402
 
 from bench.save_restore import drop_caches, fsync_tree, interleave, model_like, nbytes, raw_write  # noqa: E402
-from client.torch import CheckpointManager  # noqa: E402
-from client.torch.dcp import CkptstoreReader, CkptstoreWriter  # noqa: E402
+from ckptstore.client.torch import CheckpointManager  # noqa: E402
+from ckptstore.client.torch.dcp import CkptstoreReader, CkptstoreWriter  # noqa: E402
 
 
 class Holder:

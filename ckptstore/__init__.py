@@ -3,7 +3,7 @@
 from ckptstore import errors
 from ckptstore.copykey import CopyKey
 from ckptstore.errors import *  # noqa: F403  (the error tree, as ckptstore.errors.__all__ lists it)
-from ckptstore.manifest import Manifest
+from ckptstore.format.manifest import Manifest
 from ckptstore.position import Position
 from ckptstore.report import AccessReport, CheckpointInfo, CheckpointRef, LoadedCheckpoint, Problem, VerifyReport
 from ckptstore.store import Store

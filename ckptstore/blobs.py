@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import xxhash
 
-from ckptstore.layout import (
+from ckptstore.format.layout import (
     BLOB_TEMP_PREFIX,
     MANIFEST_NAME,
     blob_pool,
@@ -36,10 +36,10 @@ from ckptstore.layout import (
     plain_blob_key,
     pool_reference,
 )
-from ckptstore.manifest import Manifest, ShardRecord, TensorRecord
+from ckptstore.format.manifest import Manifest, ShardRecord, TensorRecord
+from ckptstore.format.shard import dtype_code, tensor_view
 from ckptstore.position import Position
-from ckptstore.shard import dtype_code, tensor_view
-from ckptstore.storage import Storage
+from ckptstore.storage.filesystem import Storage
 from ckptstore.threads import map_threads
 
 __all__ = [

@@ -7,7 +7,7 @@ file, fsync, rename, fsync of the directory; object stores: a single PUT). A pre
 manifest that parses and verifies is not committed, whatever else it holds, so a crash at any
 instant leaves either the whole checkpoint or an uncommitted leftover that retention removes.
 
-NOTE: each attempt writes its manifest under its own prefix (`ckptstore.layout`), so no two writers
+NOTE: each attempt writes its manifest under its own prefix (`ckptstore.format.layout`), so no two writers
 share a manifest; blobs are named by their content, so two writers of one blob write the same bytes.
 Nothing here needs a create-only precondition (the GCS emulator ignores them).
 """
@@ -24,16 +24,16 @@ from typing import Any
 import numpy as np
 
 from ckptstore.blobs import Examined, blob_id, examine, held_blobs, mark_foreign_pools, pool_lock, tensor_probe
-from ckptstore.codec import Codec, blob_items, encode
 from ckptstore.collector import collector_paused
 from ckptstore.copykey import CopyKey
-from ckptstore.crc import Buffer, byte_view, checksum, crc_combine, format_crc
 from ckptstore.errors import CorruptCheckpointError
-from ckptstore.layout import BLOB_TEMP_PREFIX, MANIFEST_NAME, blob_key, blob_pool, parse_blob_key, plain_blob_key
-from ckptstore.manifest import Manifest, ShardRecord, TensorRecord, TensorTable
-from ckptstore.shard import ShardPlan, TensorSlot, iter_shard_chunks, plan_shards
-from ckptstore.storage import Storage
-from ckptstore.verify import checked_plain
+from ckptstore.format.codec import Codec, blob_items, encode
+from ckptstore.format.crc import Buffer, byte_view, checksum, crc_combine, format_crc
+from ckptstore.format.layout import BLOB_TEMP_PREFIX, MANIFEST_NAME, blob_key, blob_pool, parse_blob_key, plain_blob_key
+from ckptstore.format.manifest import Manifest, ShardRecord, TensorRecord, TensorTable
+from ckptstore.format.shard import ShardPlan, TensorSlot, iter_shard_chunks, plan_shards
+from ckptstore.format.verify import checked_plain
+from ckptstore.storage.filesystem import Storage
 
 __all__ = ["commit_checkpoint", "copy_checkpoint", "discard_uncommitted"]
 

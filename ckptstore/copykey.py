@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ckptstore.errors import InvalidNameError
-from ckptstore.layout import checkpoint_key, normalize_root
+from ckptstore.format.layout import checkpoint_key, normalize_root
 from ckptstore.names import TIERS, Tier, attempt_sort_key, validate_attempt, validate_name
 from ckptstore.position import Position
 

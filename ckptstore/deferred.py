@@ -13,7 +13,7 @@ it (a model's variables) and checks its CRC32C there. How much is checked first:
   each byte is then read once, into its target, and checked there. A damaged tensor raises
   CorruptCheckpointError after earlier targets were filled: the targets hold a mix, and the caller
   must overwrite every one of them from another copy or raise — never train on them
-  (`client.manager.LoopManager.restore_or_initialize` does the first; docs/design.md, "One pass").
+  (`ckptstore.client.engine.manager.LoopManager.restore_or_initialize` does the first; docs/design.md, "One pass").
 """
 
 from __future__ import annotations
@@ -23,14 +23,14 @@ from collections.abc import Iterator, Mapping
 
 import numpy as np
 
-from ckptstore.crc import byte_view, checksum, format_crc
 from ckptstore.errors import CorruptCheckpointError
-from ckptstore.localfs import aligned_empty
-from ckptstore.manifest import Manifest, ShardRecord, TensorRecord
-from ckptstore.shard import numpy_dtype
-from ckptstore.storage import Storage
+from ckptstore.format.crc import byte_view, checksum, format_crc
+from ckptstore.format.manifest import Manifest, ShardRecord, TensorRecord
+from ckptstore.format.shard import numpy_dtype
+from ckptstore.format.verify import as_array, raise_first, read_verified, scan_shards, size_problems
+from ckptstore.storage.filesystem import Storage
+from ckptstore.storage.localfs import aligned_empty
 from ckptstore.threads import map_threads
-from ckptstore.verify import as_array, raise_first, read_verified, scan_shards, size_problems
 
 __all__ = ["VerifiedTensors", "read_deferred"]
 

@@ -11,6 +11,7 @@
     │                               a missing bucket, a root under a file, access denied (refused before training)
     ├── ResumeRefusedError          intact copies of the job exist, but none qualifies to resume from: starting
     │                               from scratch would retrain committed work silently (`fresh_start=True` allows it)
+    ├── ResumeDriftError            resume_check="raise" and the resume audit found drift: nothing was assigned
     └── ServiceError                the metadata service failed or refused
         ├── ServiceUnavailableError     unreachable, timed out, or 5xx after retries
         └── RequestRejectedError        a 4xx answer: carries the status, error code and detail
@@ -20,9 +21,10 @@ fsspec's own OSErrors pass through unchanged unless ckptstore gives them a new m
 
 from __future__ import annotations
 
-from ckptstore.failures import Failure
+from typing import Literal
 
 __all__ = [
+    "Failure",
     "CkptStoreError",
     "CheckpointNotFoundError",
     "CorruptCheckpointError",
@@ -37,6 +39,9 @@ __all__ = [
     "ServiceUnavailableError",
     "RequestRejectedError",
 ]
+
+# The kind of a storage failure (`ckptstore.storage.failures` maps each backend exception to one).
+Failure = Literal["missing", "denied", "misconfigured", "unavailable"]
 
 
 class CkptStoreError(Exception):
@@ -75,7 +80,7 @@ class InvalidNameError(CkptStoreError, ValueError):
 
 class StorageUnavailableError(CkptStoreError, OSError):
     """Storage cannot be reached, written or read right now. `failure` says why in one word
-    (`ckptstore.failures`): `unavailable` (transient), or `denied` / `misconfigured` (permanent until
+    (`ckptstore.storage.failures`): `unavailable` (transient), or `denied` / `misconfigured` (permanent until
     someone fixes the credentials or the configuration), or `missing`."""
 
     def __init__(self, *args: object, failure: Failure = "unavailable"):

@@ -8,10 +8,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ckptstore.copykey import CopyKey
-from ckptstore.failures import PERMANENT, Failure
-from ckptstore.manifest import Manifest
+from ckptstore.errors import Failure
+from ckptstore.format.manifest import Manifest
+from ckptstore.format.verify import Problem
 from ckptstore.names import Tier
-from ckptstore.verify import Problem
+from ckptstore.storage.failures import PERMANENT
 
 __all__ = ["CheckpointRef", "CheckpointInfo", "LoadedCheckpoint", "Problem", "VerifyReport", "AccessReport"]
 
@@ -94,7 +95,7 @@ class VerifyReport:
 @dataclass(frozen=True)
 class AccessReport:
     """cp_accessible: whether storage could be written, read back and cleaned up just now; when not,
-    the error and its kind (`ckptstore.failures`: None where storage did not answer in time)."""
+    the error and its kind (`ckptstore.storage.failures`: None where storage did not answer in time)."""
 
     ok: bool
     latency_ms: float | None

@@ -21,21 +21,22 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ckptstore import blobs, listing
-from ckptstore.codec import Codec, check_codec
+from ckptstore import blobs
 from ckptstore.commit import commit_checkpoint, copy_checkpoint
 from ckptstore.copykey import CopyKey
 from ckptstore.deferred import read_deferred
 from ckptstore.errors import CheckpointNotFoundError, CommitConflictError, CorruptCheckpointError
-from ckptstore.layout import MANIFEST_NAME, PROBE_DIR, normalize_root, position_key
-from ckptstore.manifest import Manifest, ManifestError, parse_manifest
+from ckptstore.format.codec import Codec, check_codec
+from ckptstore.format.layout import MANIFEST_NAME, PROBE_DIR, normalize_root, position_key
+from ckptstore.format.manifest import Manifest, ManifestError, parse_manifest
+from ckptstore.format.shard import prepare_arrays
+from ckptstore.format.verify import Problem, read_verified, scan_shards, size_problems
 from ckptstore.names import Tier, new_offline_attempt, validate_attempt, validate_name
 from ckptstore.position import Position
-from ckptstore.probe import probe_access
 from ckptstore.report import AccessReport, CheckpointInfo, CheckpointRef, LoadedCheckpoint, VerifyReport
-from ckptstore.shard import prepare_arrays
-from ckptstore.storage import Storage, open_storage
-from ckptstore.verify import Problem, read_verified, scan_shards, size_problems
+from ckptstore.storage import listing
+from ckptstore.storage.filesystem import Storage, open_storage
+from ckptstore.storage.probe import probe_access
 
 __all__ = ["Store", "DEFAULT_SHARD_SIZE", "DEFAULT_CONCURRENCY"]
 
@@ -47,8 +48,8 @@ DEFAULT_CONCURRENCY = 4
 
 class Store:
     """Checkpoints of many jobs and nodes under one storage root (any fsspec URL), the copies of one tier;
-    `codec` (default off) stores the blobs it writes encoded where that pays (`ckptstore.codec`);
-    `storage`: the root already opened (a node's presigned data path, `client.presigned`)."""
+    `codec` (default off) stores the blobs it writes encoded where that pays (`ckptstore.format.codec`);
+    `storage`: the root already opened (a node's presigned data path, `ckptstore.client.service.presigned`)."""
 
     def __init__(
         self,
@@ -160,7 +161,7 @@ class Store:
 
     def accessible(self, *, timeout: float = 10.0) -> AccessReport:
         """cp_accessible: write, read back and delete a probe object; never raises. A failure says what
-        kind it is (`ckptstore.failures`), so a start can tell a misconfiguration from an outage."""
+        kind it is (`ckptstore.storage.failures`), so a start can tell a misconfiguration from an outage."""
         return probe_access(self._storage, timeout=timeout)
 
     # -- by copy -------------------------------------------------------------------------------

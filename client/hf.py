@@ -33,16 +33,16 @@ import transformers
 from transformers import TrainerCallback
 
 from ckptstore import Position
+from ckptstore.client.engine.audit import audit_restored
+from ckptstore.client.engine.node import NodeCheckpointer
+from ckptstore.client.engine.options import CheckpointOptions
+from ckptstore.client.engine.restore import restore_in_one_pass
+from ckptstore.client.torch.fingerprint import fingerprint
 from ckptstore.copies import Restored
 from ckptstore.errors import ResumeRefusedError
 from ckptstore.fingerprint import FINGERPRINT_KEY
-from ckptstore.schema import ResumeAudit
-from ckptstore.shard import numpy_dtype
-from client.audit import audit_restored
-from client.node import NodeCheckpointer
-from client.options import CheckpointOptions
-from client.restore import restore_in_one_pass
-from client.torch.fingerprint import fingerprint
+from ckptstore.format.shard import numpy_dtype
+from ckptstore.wire.schema import ResumeAudit
 
 __all__ = ["BackupAndRestore"]
 
@@ -193,7 +193,7 @@ class BackupAndRestore(TrainerCallback):
         assert self.checkpointer is not None
         metadata = restored.checkpoint.manifest.metadata
         if LAYOUT_KEY not in metadata:
-            raise ValueError("this checkpoint was not written by client.hf.BackupAndRestore")
+            raise ValueError("this checkpoint was not written by ckptstore.client.hf.BackupAndRestore")
         check = self.options.resume_check
         report = audit_restored(
             restored,

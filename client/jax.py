@@ -1,6 +1,6 @@
 """`CheckpointManager` for JAX training loops: any pytree of arrays — parameters, optax state, typed
 PRNG keys, step counters — through the same store, service, tiers, fallback, async saves and resume
-audit as the other managers (client/manager.py).
+audit as the other managers (client/engine/manager.py).
 
 mgr = CheckpointManager(storage="s3://bucket/ckpt", job="lm", local_storage="/nvme/ckpt")
 epoch, state = mgr.restore_or_initialize(state)      # the next epoch, and the restored pytree
@@ -26,10 +26,10 @@ from typing import Any
 import jax
 import numpy as np
 
+from ckptstore.client.engine.cadence import SaveEvery
+from ckptstore.client.engine.manager import LoopManager
+from ckptstore.client.engine.options import CheckpointOptions
 from ckptstore.fingerprint import FINGERPRINT_KEY
-from client.cadence import SaveEvery
-from client.manager import LoopManager
-from client.options import CheckpointOptions
 
 __all__ = ["CheckpointManager"]
 
@@ -50,7 +50,9 @@ def _is_key(leaf: Any) -> bool:
 def _host(name: str, leaf: Any) -> np.ndarray:
     """The leaf's values as a host array (a typed key's key data)."""
     if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
-        raise ValueError(f"{name} is sharded across hosts: client.jax saves only arrays a process can address whole")
+        raise ValueError(
+            f"{name} is sharded across hosts: ckptstore.client.jax saves only arrays a process can address whole"
+        )
     return np.asarray(jax.device_get(jax.random.key_data(leaf) if _is_key(leaf) else leaf))
 
 
@@ -146,7 +148,7 @@ class CheckpointManager(LoopManager):
 
     def _apply(self, arrays: Mapping[str, np.ndarray], metadata: Mapping[str, Any]) -> None:
         if STATE_KEY not in metadata:
-            raise ValueError("this checkpoint was not written by client.jax.CheckpointManager")
+            raise ValueError("this checkpoint was not written by ckptstore.client.jax.CheckpointManager")
         keys: dict[str, str] = json.loads(metadata[STATE_KEY])["keys"]
         flat, treedef = jax.tree_util.tree_flatten(self._state)
         names = [name for name, _ in _leaves(self._state)]

@@ -2,7 +2,7 @@
 
 Same arguments and defaults where they apply (`backup_dir`, `save_freq`, `delete_checkpoint`),
 plus `service=`, `storage=`, `job=`, `node=`. It saves model variables (including dropout RNG
-state), optimizer variables, the position and the process-wide RNGs (client/global_rng.py: the
+state), optimizer variables, the position and the process-wide RNGs (client/tensorflow/global_rng.py: the
 torch and JAX backends shuffle `fit`'s arrays with them), never overwriting a checkpoint in place.
 
 Exact mid-epoch resume with `save_freq=<int>`: `fit` reads `model._initial_epoch` right after
@@ -26,11 +26,11 @@ import keras
 import numpy as np
 
 from ckptstore import Position
+from ckptstore.client.engine.node import NodeCheckpointer
+from ckptstore.client.engine.options import CheckpointOptions
+from ckptstore.client.tensorflow import global_rng
+from ckptstore.client.tensorflow.manager import CheckpointManager
 from ckptstore.errors import CkptStoreError
-from client import global_rng
-from client.loop import CheckpointManager
-from client.node import NodeCheckpointer
-from client.options import CheckpointOptions
 
 __all__ = ["BackupAndRestore"]
 
@@ -44,7 +44,7 @@ class BackupAndRestore(keras.callbacks.Callback):
     works as Keras' does). The other options are `CheckpointOptions`' (`service=`, `storage=`,
     `job=` — default CKPTSTORE_JOB or "keras" —, `node=`, `max_to_keep=`, …).
     With an int `save_freq` an end-of-epoch checkpoint is taken too, so a last good epoch exists.
-    `save_freq="auto"` follows the interval the service recommends for the job (client/cadence.py:
+    `save_freq="auto"` follows the interval the service recommends for the job (client/engine/cadence.py:
     each epoch until the job has failed twice), `"continuous"` saves as soon as the previous save is
     committed; `save_every_seconds=S` saves once S seconds have passed (beside `save_freq`; with
     "auto", its upper bound).

@@ -31,16 +31,16 @@ import lightning.pytorch as pl
 import torch
 
 from ckptstore import Position
+from ckptstore.client.engine.audit import audit_restored
+from ckptstore.client.engine.node import NodeCheckpointer
+from ckptstore.client.engine.options import CheckpointOptions
+from ckptstore.client.engine.restore import restore_in_one_pass
+from ckptstore.client.torch.fingerprint import fingerprint
+from ckptstore.client.torch.loaders import generator_states, is_loader, set_generator_states
+from ckptstore.client.torch.state import flatten, rng_state, set_rng_state, unflatten
 from ckptstore.copies import Restored
 from ckptstore.fingerprint import FINGERPRINT_KEY
-from ckptstore.schema import ResumeAudit
-from client.audit import audit_restored
-from client.node import NodeCheckpointer
-from client.options import CheckpointOptions
-from client.restore import restore_in_one_pass
-from client.torch.fingerprint import fingerprint
-from client.torch.loaders import generator_states, is_loader, set_generator_states
-from client.torch.state import flatten, rng_state, set_rng_state, unflatten
+from ckptstore.wire.schema import ResumeAudit
 
 __all__ = ["BackupAndRestore"]
 
@@ -89,7 +89,7 @@ class BackupAndRestore(pl.Callback):
         assert self.checkpointer is not None
         metadata = restored.checkpoint.manifest.metadata
         if TREE_KEY not in metadata:
-            raise ValueError("this checkpoint was not written by client.lightning.BackupAndRestore")
+            raise ValueError("this checkpoint was not written by ckptstore.client.lightning.BackupAndRestore")
         check = self.options.resume_check
         report = audit_restored(restored, self.checkpointer, check, lambda: _fingerprint(trainer, pl_module))
         return report, unflatten(json.loads(metadata[TREE_KEY]), restored.checkpoint.arrays)

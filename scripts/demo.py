@@ -28,7 +28,7 @@ def train(service: str, storage: str, kill_at: tuple[int, int] | None) -> None:
     import keras
     import numpy as np
 
-    from client.keras import BackupAndRestore
+    from ckptstore.client.keras import BackupAndRestore
 
     keras.utils.set_random_seed(0)
     rng = np.random.default_rng(0)
@@ -93,7 +93,7 @@ def main() -> None:
         "CKPTSTORE_LOG_LEVEL": "warning",
     }
     print(f"[demo] starting the service on {service} (SQLite: {work}/ckptstore.db, storage: {storage})")
-    server = subprocess.Popen([sys.executable, "-m", "server"], env=env)
+    server = subprocess.Popen([sys.executable, "-m", "ckptstore.server"], env=env)
     try:
         deadline = time.monotonic() + 30
         while True:

@@ -1,4 +1,4 @@
-"""`python -m server` (what `ckptstore serve` runs): migrate the database once, then start uvicorn.
+"""`python -m ckptstore.server` (what `ckptstore serve` runs): migrate the database once, then start uvicorn.
 
 Flags mirror the CKPTSTORE_* settings and override them.
 """
@@ -13,9 +13,9 @@ import sys
 import uvicorn
 from pydantic import ValidationError
 
-from server.migrate import DatabaseRefused, migrate
-from server.protocol import BoundedHttpToolsProtocol
-from server.settings import Settings
+from ckptstore.server.db.migrate import DatabaseRefused, migrate
+from ckptstore.server.http.protocol import BoundedHttpToolsProtocol
+from ckptstore.server.settings import Settings
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     os.environ.setdefault("CKPTSTORE_DB_URL", settings.database_url)
     uvicorn.run(
-        "server.app:app_factory",
+        "ckptstore.server.app:app_factory",
         factory=True,
         host=settings.host,
         port=settings.port,

@@ -1,7 +1,7 @@
 """`create_app(settings)`: the FastAPI application, its resources and its error mapping.
 
 The database engine is created in the lifespan (never at import time) and schema migrations are
-not run here: `server.migrate` runs them once before workers start.
+not run here: `ckptstore.server.db.migrate` runs them once before workers start.
 """
 
 from __future__ import annotations
@@ -20,31 +20,33 @@ from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ckptstore import tracing
-from ckptstore.schema import LastGood, ResumeAgreement
-from server import records, restarts
-from server.agreement import AgreementWaiters
-from server.answers import AnswerCache
-from server.auth import LoginRequired, NotYourJob, TokenAuth
-from server.batching import WriteBatcher
-from server.db import Database, make_engine
-from server.errors import STATUS_CODES, ApiError, error_body
-from server.fastpath import CachedReads, WriteFastPath
-from server.metrics import METRICS
-from server.middleware import BodyLimit, RequestMetrics
-from server.origin import RequestGuard
-from server.presign import Signer
-from server.routes import ROUTERS
-from server.settings import Settings
-from server.stream import EventHub
-from server.ui import login_page, not_your_job_page
-from server.ui import router as ui_router
-from server.versions import VersionWatch
-from server.webhooks import WebhookDispatcher
+from ckptstore.server.db.engine import Database, make_engine
+from ckptstore.server.errors import STATUS_CODES, ApiError, error_body
+from ckptstore.server.events.stream import EventHub
+from ckptstore.server.events.webhooks import WebhookDispatcher
+from ckptstore.server.http.auth import LoginRequired, NotYourJob, TokenAuth
+from ckptstore.server.http.fastpath import CachedReads, WriteFastPath
+from ckptstore.server.http.middleware import BodyLimit, RequestMetrics
+from ckptstore.server.http.origin import RequestGuard
+from ckptstore.server.metrics import METRICS
+from ckptstore.server.presign.signer import Signer
+from ckptstore.server.records import restarts, rules
+from ckptstore.server.records.agreement import AgreementWaiters
+from ckptstore.server.records.answers import AnswerCache
+from ckptstore.server.records.batching import WriteBatcher
+from ckptstore.server.records.versions import VersionWatch
+from ckptstore.server.routes import ROUTERS
+from ckptstore.server.settings import Settings
+from ckptstore.server.ui.pages import login_page, not_your_job_page
+from ckptstore.server.ui.pages import router as ui_router
+from ckptstore.wire.schema import LastGood, ResumeAgreement
 
 __all__ = ["create_app", "app_factory"]
 
 log = logging.getLogger("ckptstore.server")
-WHOLE_ANSWERS = 64  # whole last-good answers kept as models, to cut one node's part from (server.answers)
+WHOLE_ANSWERS = (
+    64  # whole last-good answers kept as models, to cut one node's part from (ckptstore.server.records.answers)
+)
 
 
 def _error(status: int, code: str, detail: str, headers: dict[str, str] | None = None) -> Response:
@@ -119,7 +121,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
         def agreement_of(job: str) -> ResumeAgreement:
             with db.read() as session:
-                return restarts.resume_agreement(session, records.find_job(session, job))
+                return restarts.resume_agreement(session, rules.find_job(session, job))
 
         app.state.agreements = AgreementWaiters(agreement_of)
         hub = app.state.hub = EventHub(
@@ -179,7 +181,7 @@ GIL_SWITCH_SECONDS = 0.001  # CPython's default is 0.005; bench/RESULTS.md, even
 
 
 def app_factory() -> FastAPI:
-    """For `uvicorn --factory server.app:app_factory` (`ckptstore serve`): settings from the environment.
+    """For `uvicorn --factory ckptstore.server.app:app_factory` (`ckptstore serve`): settings from the environment.
 
     The modules and the app live as long as the process: frozen out of the garbage collector's
     reach, a full collection no longer scans them (~90 ms every ~0.6 s under 1,000 commits/s:

@@ -12,13 +12,13 @@ from fastapi import Depends, Path, Query, Request
 
 from ckptstore.errors import InvalidNameError
 from ckptstore.names import NAME_JSON_SCHEMA, validate_name
-from server.agreement import AgreementWaiters
-from server.batching import WriteBatcher
-from server.db import Database
-from server.errors import ApiError
-from server.paging import PAGE_LIMIT, Page
-from server.settings import Settings
-from server.stream import EventHub
+from ckptstore.server.db.engine import Database
+from ckptstore.server.errors import ApiError
+from ckptstore.server.events.stream import EventHub
+from ckptstore.server.http.paging import PAGE_LIMIT, Page
+from ckptstore.server.records.agreement import AgreementWaiters
+from ckptstore.server.records.batching import WriteBatcher
+from ckptstore.server.settings import Settings
 
 __all__ = [
     "AgreementsDep",

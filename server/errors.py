@@ -8,8 +8,8 @@ from typing import Any
 
 from starlette.types import Send
 
-from ckptstore.schema import ErrorBody
-from server.metrics import METRICS
+from ckptstore.server.metrics import METRICS
+from ckptstore.wire.schema import ErrorBody
 
 __all__ = ["ApiError", "STATUS_CODES", "COMMON_ERRORS", "error_responses", "error_model", "error_body", "send_error"]
 

@@ -8,7 +8,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from ckptstore.telemetry_schema import Advice, ReplicationLag
+from ckptstore.wire.schema import Advice, ReplicationLag
 
 __all__ = ["METRICS", "Metrics", "scrape_metrics"]
 
@@ -37,11 +37,13 @@ class Metrics:
         )
         self.db_errors = Counter("ckptstore_db_errors_total", "database errors answered 503", registry=self.registry)
         self.presigned_urls = Counter(
-            "ckptstore_presigned_urls_total", "presigned URLs handed out (server/presign.py)", registry=self.registry
+            "ckptstore_presigned_urls_total",
+            "presigned URLs handed out (server/presign/signer.py)",
+            registry=self.registry,
         )
         self.fast_path = Counter(
             "ckptstore_fast_path_total",
-            "writes answered before routing (server/fastpath.py)",
+            "writes answered before routing (server/http/fastpath.py)",
             ["route"],
             registry=self.registry,
         )
@@ -72,7 +74,7 @@ class _Replication(Collector):
 
 
 class _Advice(Collector):
-    """Each recently active job's goodput, its parts and the recommended interval (server/advice.py)."""
+    """Each recently active job's goodput, its parts and the recommended interval (server/records/advice.py)."""
 
     FIELDS = (
         ("goodput", "ckptstore_job_goodput_ratio", "share of the job's wall time spent training"),

@@ -11,7 +11,7 @@ from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from ckptstore.names import validate_name
-from server.origin import LOOPBACK_NAMES
+from ckptstore.server.http.origin import LOOPBACK_NAMES
 
 __all__ = ["Settings", "root_is_allowed", "is_local_path", "MIN_TOKEN_LENGTH"]
 

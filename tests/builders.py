@@ -7,7 +7,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from ckptstore.layout import checkpoint_location
+from ckptstore.format.layout import checkpoint_location
 from ckptstore.position import Position
 
 

@@ -64,7 +64,7 @@ class Service:
 
 
 def service_settings(tmp: str, db_url: str, **overrides) -> Any:
-    from server.settings import Settings
+    from ckptstore.server.settings import Settings
 
     storage = f"{tmp}/storage"
     return Settings(

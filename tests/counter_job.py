@@ -22,7 +22,7 @@ import time
 
 import numpy as np
 
-from client.loop import CheckpointManager
+from ckptstore.client.tensorflow.manager import CheckpointManager
 
 
 class Counter:

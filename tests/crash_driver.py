@@ -19,7 +19,7 @@ import sys
 import numpy as np
 
 from ckptstore import Store
-from ckptstore.storage import Storage
+from ckptstore.storage.filesystem import Storage
 from tests.builders import failed_loads
 
 JOB, NODE = "crash", "node-0"
@@ -62,7 +62,7 @@ def die() -> None:
 
 def arm(phase: str, trial: int) -> None:
     """Patch the real code path so this process SIGKILLs itself at `phase`."""
-    from client.service import ServiceClient
+    from ckptstore.client.service.rest import ServiceClient
 
     write_object, remove_prefix, rename = Storage.write_object, Storage.remove_prefix, os.rename
     publish, commit = Storage.publish_object, ServiceClient.commit
@@ -111,7 +111,7 @@ def open_store(root: str, endpoint: str | None, **kwargs) -> Store:
 
 
 def run(root: str, phase: str, trials: int, endpoint: str | None = None, service: str | None = None) -> dict:
-    from client.service import ServiceClient
+    from ckptstore.client.service.rest import ServiceClient
 
     summary = {
         "phase": phase,

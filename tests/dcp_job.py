@@ -52,7 +52,7 @@ def main() -> None:
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
 
-    from client.torch.dcp import CkptstoreReader, CkptstoreWriter
+    from ckptstore.client.torch.dcp import CkptstoreReader, CkptstoreWriter
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1:

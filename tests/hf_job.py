@@ -52,7 +52,7 @@ def main() -> None:
         seed=42,
         disable_tqdm=True,
     )
-    from client.hf import BackupAndRestore
+    from ckptstore.client.hf import BackupAndRestore
 
     class Backup(BackupAndRestore):
         """The documented callback, and a SIGKILL once step --kill-at is done and its save committed."""
@@ -64,7 +64,7 @@ def main() -> None:
 
     kill_at = args.kill_at
     placeholders = {'"s3://ckpt/jobs"': repr(args.storage), 'job="lm"': f'job={args.job!r}, node="n0"'}
-    placeholders["from client.hf import BackupAndRestore\n"] = ""
+    placeholders["from ckptstore.client.hf import BackupAndRestore\n"] = ""
     namespace = {"Trainer": Trainer, "model": model, "args": training, "dataset": Tokens(), "BackupAndRestore": Backup}
     exec(compile(documented_block("docs/hf.md", "## The callback", placeholders), "docs/hf.md", "exec"), namespace)
     trainer = namespace["trainer"]

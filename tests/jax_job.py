@@ -1,4 +1,4 @@
-"""A JAX/optax training loop as a user writes it with `client.jax.CheckpointManager` (run as a
+"""A JAX/optax training loop as a user writes it with `ckptstore.client.jax.CheckpointManager` (run as a
 subprocess, to be SIGKILLed): a 2-layer MLP with dropout, AdamW, a typed PRNG key in the state, the
 data shuffled per epoch from a key, saves every 3 batches and at each epoch's end.
 
@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from client.jax import CheckpointManager
+from ckptstore.client.jax import CheckpointManager
 from tests.job_runs import job_parser
 
 EPOCHS, STEPS, BATCH, FEATURES, HIDDEN = 3, 8, 32, 16, 32

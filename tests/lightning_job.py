@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from client.lightning import BackupAndRestore
+from ckptstore.client.lightning import BackupAndRestore
 from tests.job_runs import documented_block, job_parser
 
 
@@ -61,7 +61,7 @@ def main() -> None:
     loader = loader_type(dataset, batch_size=32, shuffle=True)
     Backup.kill_at = args.kill_at
     placeholders = {'"s3://ckpt/jobs"': repr(args.storage), 'job="lm"': f'job={args.job!r}, node="n0"'}
-    placeholders["from client.lightning import BackupAndRestore\n"] = ""
+    placeholders["from ckptstore.client.lightning import BackupAndRestore\n"] = ""
     if args.epochs_only:
         placeholders["every_n_train_steps=5"] = "every_n_train_steps=None"
     code = documented_block("docs/lightning.md", "## The callback", placeholders)

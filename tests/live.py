@@ -14,10 +14,10 @@ import uuid
 import httpx
 import uvicorn
 
-from server.app import create_app
-from server.migrate import migrate
-from server.protocol import BoundedHttpToolsProtocol
-from server.settings import Settings
+from ckptstore.server.app import create_app
+from ckptstore.server.db.migrate import migrate
+from ckptstore.server.http.protocol import BoundedHttpToolsProtocol
+from ckptstore.server.settings import Settings
 from tests.servers import free_port
 
 PG_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
@@ -68,7 +68,7 @@ class LiveService:
 def start_service_process(
     tmp_path, port: int, workers: int = 1, db_url: str | None = None, **settings: str
 ) -> subprocess.Popen:
-    """`python -m server` in its own process (so it can be SIGKILLed), ready to serve on `port`;
+    """`python -m ckptstore.server` in its own process (so it can be SIGKILLed), ready to serve on `port`;
     `settings` are further CKPTSTORE_* values (`trusted_proxies="10.0.0.1"`)."""
     env = (
         os.environ
@@ -81,7 +81,7 @@ def start_service_process(
             "CKPTSTORE_WORKERS": str(workers),
         }
     )
-    process = subprocess.Popen([sys.executable, "-m", "server"], env=env)
+    process = subprocess.Popen([sys.executable, "-m", "ckptstore.server"], env=env)
 
     def ready():
         try:

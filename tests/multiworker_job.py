@@ -32,7 +32,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from client.loop import CheckpointManager  # noqa: E402
+from ckptstore.client.tensorflow.manager import CheckpointManager  # noqa: E402
 
 strategy = tf.distribute.MultiWorkerMirroredStrategy()
 with strategy.scope():

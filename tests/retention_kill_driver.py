@@ -23,7 +23,7 @@ import time
 import numpy as np
 
 from ckptstore import Position, Store
-from ckptstore.storage import Storage
+from ckptstore.storage.filesystem import Storage
 from tests.builders import failed_loads
 
 PARENT, CHILD, NODE = "parent", "child", "n0"

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from server.advice import Progress, Start, Timing, advise, goodput_over_time, usage_of
+from ckptstore.server.records.advice import Progress, Start, Timing, advise, goodput_over_time, usage_of
 
 
 def steady_progress(until: float) -> list[Progress]:
@@ -84,8 +84,8 @@ def test_the_service_answers_advice_from_what_clients_reported(tmp_path, sqlite_
     import uuid
 
     from ckptstore import Position
-    from client import ServiceClient
-    from client.node import NodeCheckpointer
+    from ckptstore.client import ServiceClient
+    from ckptstore.client.engine.node import NodeCheckpointer
     from tests.builders import arrays_for
 
     job, url = f"advised-{uuid.uuid4().hex[:6]}", sqlite_service.live.url

@@ -1,5 +1,5 @@
 """The resume agreement asked with a wait: answered once the last node reports, or at the deadline;
-the waiters of a job share the service's computations (`server.agreement`)."""
+the waiters of a job share the service's computations (`ckptstore.server.records.agreement`)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import threading
 import time
 
 from ckptstore import Position, Store
-from ckptstore.schema import ResumeAgreement
-from client import ServiceClient
-from server.agreement import AgreementWaiters
+from ckptstore.client import ServiceClient
+from ckptstore.server.records.agreement import AgreementWaiters
+from ckptstore.wire.schema import ResumeAgreement
 
 
 def committed_job(client: ServiceClient, root: str, job: str, nodes: list[str]) -> dict[str, str]:

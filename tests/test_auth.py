@@ -11,8 +11,8 @@ import httpx
 import pytest
 from starlette.routing import Route
 
-from server.app import create_app
-from server.settings import Settings
+from ckptstore.server.app import create_app
+from ckptstore.server.settings import Settings
 from tests.live import LiveService
 
 ADMIN = "admin-canary-7d41e2"
@@ -96,7 +96,7 @@ def test_a_job_token_reaches_its_own_job_and_gets_403_everywhere_else(live):
 
 
 def test_tokens_are_compared_with_hmac_compare_digest(live, monkeypatch):
-    import server.auth as middleware
+    import ckptstore.server.http.auth as middleware
 
     calls = []
     real = middleware.hmac.compare_digest

@@ -165,8 +165,8 @@ def test_replication_copies_only_the_blobs_the_target_lacks(tmp_path):
 
 
 def test_a_format_1_copy_of_the_previous_release_is_read_verified_copied_and_deleted(tmp_path):
-    from ckptstore.crc import checksum, format_crc
-    from ckptstore.manifest import Manifest, ShardRecord, TensorRecord, TensorTable
+    from ckptstore.format.crc import checksum, format_crc
+    from ckptstore.format.manifest import Manifest, ShardRecord, TensorRecord, TensorTable
 
     arrays = {"w": np.arange(6, dtype=np.float32)}
     folder = tmp_path / "old" / "job" / "n0" / "0000000000" / "1"
@@ -208,7 +208,7 @@ def test_crc_combine_gives_the_checksum_of_the_joined_bytes_from_threads_at_once
     script = """
 import os, random
 from concurrent.futures import ThreadPoolExecutor
-from ckptstore.crc import checksum, crc_combine
+from ckptstore.format.crc import checksum, crc_combine
 random.seed(0)
 cases = [(os.urandom(a), os.urandom(b)) for a, b in [(0, 0), (0, 7), (9, 0), (1, 1), (4096, 1 << 20), (13, 123457)]]
 cases += [(os.urandom(random.randrange(5000)), os.urandom(random.randrange(1, 3 << 20))) for _ in range(24)]

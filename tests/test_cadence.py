@@ -1,4 +1,4 @@
-"""Save cadences (client/cadence.py): every N batches across `steps_per_execution` jumps and resumes,
+"""Save cadences (client/engine/cadence.py): every N batches across `steps_per_execution` jumps and resumes,
 each epoch, every N seconds, continuous, and "auto" — the service's Young/Daly interval, followed by a
 real Keras fit once the job has failed twice; under torch.distributed the ranks agree on every save."""
 
@@ -10,8 +10,8 @@ import uuid
 import pytest
 
 from ckptstore import Position
-from ckptstore.telemetry_schema import Advice
-from client.cadence import MAX_OVERHEAD, SaveCadence
+from ckptstore.client.engine.cadence import MAX_OVERHEAD, SaveCadence
+from ckptstore.wire.schema import Advice
 
 
 def due(cadence: SaveCadence, epoch: int, batch: int | None, *, writing: bool = False) -> bool:
@@ -86,7 +86,7 @@ def test_continuous_takes_no_seconds():
 def torch_loop(tmp_path, batches: int, pause: float, **cadence) -> tuple[list[tuple[Position, float]], object]:
     """A PyTorch loop that calls save() after every batch; what it saved, and when, and its manager."""
     torch = pytest.importorskip("torch")
-    from client.torch import CheckpointManager
+    from ckptstore.client.torch import CheckpointManager
 
     model = torch.nn.Linear(64, 64)
     manager = CheckpointManager(objects={"model": model}, storage=str(tmp_path), job="timed", node="n0", **cadence)
@@ -129,8 +129,8 @@ def test_keras_auto_saves_each_epoch_on_a_fresh_job_and_follows_the_interval_aft
     third starts; batches are slowed so that an epoch lasts longer than the interval the service gives."""
     import keras
 
-    from client import ServiceClient
-    from client.keras import BackupAndRestore
+    from ckptstore.client import ServiceClient
+    from ckptstore.client.keras import BackupAndRestore
     from tests.test_fit_outages import fit
 
     class Slow(keras.callbacks.Callback):

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from ckptstore import CopyKey, Position, Store
-from client.cli import main
-from client.service import ServiceClient
+from ckptstore.client.cli.main import main
+from ckptstore.client.service.rest import ServiceClient
 from tests.conftest import service_settings
 from tests.live import LiveService
 

@@ -10,6 +10,9 @@ import numpy as np
 import pytest
 
 from ckptstore import Position, Store
+from ckptstore.client import ServiceClient
+from ckptstore.client.engine.identity import resolve_identity
+from ckptstore.client.engine.node import NodeCheckpointer
 from ckptstore.errors import (
     CheckpointNotFoundError,
     CommitConflictError,
@@ -17,10 +20,7 @@ from ckptstore.errors import (
     RequestRejectedError,
     ServiceUnavailableError,
 )
-from client import ServiceClient
-from client.identity import resolve_identity
-from client.node import NodeCheckpointer
-from server.settings import Settings
+from ckptstore.server.settings import Settings
 from tests.live import LiveService
 from tests.servers import MotoS3, free_port
 

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 from ckptstore import Position, Store
-from ckptstore.codec import CODEC_NAME, blob_items, decode, encode
+from ckptstore.client.engine.node import NodeCheckpointer
 from ckptstore.errors import CorruptCheckpointError
-from ckptstore.manifest import ManifestError, parse_manifest
-from client.node import NodeCheckpointer
+from ckptstore.format.codec import CODEC_NAME, blob_items, decode, encode
+from ckptstore.format.manifest import ManifestError, parse_manifest
 from tests.builders import assert_bit_equal
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -11,8 +11,8 @@ import httpx
 import numpy as np
 
 from ckptstore import Store
-from client.operations import apply_retention
-from client.service import ServiceClient
+from ckptstore.client.service.operations import apply_retention
+from ckptstore.client.service.rest import ServiceClient
 from tests.builders import commit_body
 
 JOBS, NODES, EPOCHS = 2, 4, 5

@@ -11,11 +11,11 @@ import time
 import httpx
 import pytest
 
+from ckptstore.client.service.rest import ServiceClient
 from ckptstore.copykey import CopyKey
 from ckptstore.position import Position
 from ckptstore.report import AccessReport
-from ckptstore.schema import ForkPoint, PositionBody, ResumeAudit, SkippedCopy
-from client.service import ServiceClient
+from ckptstore.wire.schema import ForkPoint, PositionBody, ResumeAudit, SkippedCopy
 from tests.builders import commit_body
 from tests.conftest import service_settings
 from tests.live import LiveService

@@ -11,12 +11,12 @@ import pytest
 import safetensors.numpy
 from fsspec.implementations.local import LocalFileSystem
 
-from ckptstore import direct_io
-from ckptstore.direct_io import ALIGN, BLOCK, DIRECT_MIN, _write_aligned, open_direct, write_direct
-from ckptstore.localfs import aligned_empty
-from ckptstore.shard import ALIGN as SHARD_ALIGN
-from ckptstore.shard import iter_shard_chunks, plan_shards
-from ckptstore.storage import Storage
+from ckptstore.format.shard import ALIGN as SHARD_ALIGN
+from ckptstore.format.shard import iter_shard_chunks, plan_shards
+from ckptstore.storage import direct_io
+from ckptstore.storage.direct_io import ALIGN, BLOCK, DIRECT_MIN, _write_aligned, open_direct, write_direct
+from ckptstore.storage.filesystem import Storage
+from ckptstore.storage.localfs import aligned_empty
 
 SIZES = [0, 1, ALIGN - 1, ALIGN, ALIGN + 1, BLOCK - 1, BLOCK, BLOCK + 1, 2 * BLOCK + 12345]
 

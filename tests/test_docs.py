@@ -11,9 +11,9 @@ import sys
 
 import pytest
 
-from client.cli import build_parser
-from server.__main__ import build_parser as build_serve_parser
-from server.settings import Settings
+from ckptstore.client.cli.main import build_parser
+from ckptstore.server.__main__ import build_parser as build_serve_parser
+from ckptstore.server.settings import Settings
 from tests.conftest import service_settings
 from tests.live import LiveService
 
@@ -78,7 +78,7 @@ def test_every_setting_is_documented_and_nothing_else():
 
 
 def test_rest_docs_list_exactly_the_openapi_operations():
-    from server.app import create_app
+    from ckptstore.server.app import create_app
 
     spec = create_app(Settings(db_url="sqlite://")).openapi()
     actual = {(method.upper(), path) for path, ops in spec["paths"].items() for method in ops}
@@ -90,7 +90,7 @@ def test_rest_docs_list_exactly_the_openapi_operations():
 @pytest.mark.parametrize("doc, heading", [("README.md", "### 4. REST with curl"), ("docs/rest.md", "## A session")])
 def test_documented_curl_and_cli_commands_run_against_a_live_service(tmp_path, doc, heading):
     from ckptstore import Store
-    from client.service import ServiceClient
+    from ckptstore.client.service.rest import ServiceClient
 
     live = LiveService(service_settings(str(tmp_path), f"sqlite:///{tmp_path}/docs.db"))
     try:

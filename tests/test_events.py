@@ -19,14 +19,14 @@ import zlib
 import httpx
 import pytest
 
-from ckptstore.events import EVENT_TYPES, Event, verify_signature
-from client import ServiceClient
-from client.commands import _event_line
-from server.db import Database, make_engine
-from server.events import emit
-from server.migrate import migrate
-from server.routes.events import accepts_gzip
-from server.stream import HEARTBEAT, READ_LIMIT, Batch, EventHub, Subscription, sse_frame
+from ckptstore.client import ServiceClient
+from ckptstore.client.cli.commands import _event_line
+from ckptstore.server.db.engine import Database, make_engine
+from ckptstore.server.db.migrate import migrate
+from ckptstore.server.events.log import emit
+from ckptstore.server.events.stream import HEARTBEAT, READ_LIMIT, Batch, EventHub, Subscription, sse_frame
+from ckptstore.server.routes.events import accepts_gzip
+from ckptstore.wire.events import EVENT_TYPES, Event, verify_signature
 from tests.builders import commit_body, declare
 from tests.conftest import service_settings
 from tests.live import LiveService, ScratchPostgres, postgres_available, start_service_process, wait_for
@@ -441,8 +441,8 @@ def test_a_wake_up_with_more_events_than_one_read_takes_delivers_them_all_at_onc
 
 
 def test_a_reader_behind_the_log_window_gets_a_reset_and_the_rest(tmp_path):
-    from server.db import Database, make_engine
-    from server.events import out_of_window, prune
+    from ckptstore.server.db.engine import Database, make_engine
+    from ckptstore.server.events.log import out_of_window, prune
 
     settings = service_settings(str(tmp_path), f"sqlite:///{tmp_path}/svc.db")
     live = LiveService(settings)
@@ -655,7 +655,17 @@ def test_ckptstore_watch_prints_one_line_per_event_and_raw_json(tmp_path):
             declare(http, root, "watched", ["n0"])
             declare(http, root, "other", ["n0"])
             http.post("/v1/jobs/watched/nodes/n0/checkpoints", json=commit_body(root, "watched", "n0", 0))
-        command = [sys.executable, "-m", "client.cli", "watch", "watched", "--url", live.url, "--since", "0"]
+        command = [
+            sys.executable,
+            "-m",
+            "ckptstore.client.cli.main",
+            "watch",
+            "watched",
+            "--url",
+            live.url,
+            "--since",
+            "0",
+        ]
         text = subprocess.run([*command, "--count", "3"], capture_output=True, text=True, timeout=60)
         raw = subprocess.run(
             [*command, "--count", "1", "--json", "--types", "position.good"], capture_output=True, text=True, timeout=60

@@ -13,10 +13,10 @@ import uuid
 import pytest
 
 from ckptstore import Position, Store
-from ckptstore.layout import checkpoint_key
-from client import ServiceClient
-from client.node import NodeCheckpointer
-from client.restore import NothingToRestoreError
+from ckptstore.client import ServiceClient
+from ckptstore.client.engine.node import NodeCheckpointer
+from ckptstore.client.engine.restore import NothingToRestoreError
+from ckptstore.format.layout import checkpoint_key
 from tests.builders import arrays_for, bit_equal
 
 DAMAGE = ("flip", "truncate", "delete-shard", "delete-copy")

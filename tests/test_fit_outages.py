@@ -39,8 +39,8 @@ def fit(callback, *extra, epochs: int = 6, extra_callbacks=()):
 
 
 def test_service_down_mid_training_commits_arrive_after_it_returns(tmp_path):
-    from client import ServiceClient
-    from client.keras import BackupAndRestore
+    from ckptstore.client import ServiceClient
+    from ckptstore.client.keras import BackupAndRestore
 
     settings = service_settings(str(tmp_path), f"sqlite:///{tmp_path}/svc.db")
     live = LiveService(settings)
@@ -69,8 +69,8 @@ def test_service_down_mid_training_commits_arrive_after_it_returns(tmp_path):
 
 def test_a_fit_whose_replica_dies_goes_on_through_the_other_with_every_commit_once(tmp_path):
     """Two replicas over one PostgreSQL; the client knows both; the one it uses stops at epoch 2."""
-    from client import ServiceClient
-    from client.keras import BackupAndRestore
+    from ckptstore.client import ServiceClient
+    from ckptstore.client.keras import BackupAndRestore
 
     if not postgres_available():
         pytest.fail("PostgreSQL is not reachable on 127.0.0.1:5432 and could not be started")
@@ -104,8 +104,8 @@ def test_a_fit_whose_replica_dies_goes_on_through_the_other_with_every_commit_on
 
 
 def test_storage_down_saves_are_skipped_training_completes_and_health_says_so(tmp_path, sqlite_service, caplog, capsys):
-    from client import ServiceClient
-    from client.keras import BackupAndRestore
+    from ckptstore.client import ServiceClient
+    from ckptstore.client.keras import BackupAndRestore
 
     moto = MotoS3()  # its own server: stopping it must not take the session's S3 away
     options = moto.options | {"config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 1}}
@@ -143,8 +143,8 @@ def test_storage_down_saves_are_skipped_training_completes_and_health_says_so(tm
 
 
 def test_a_zombie_attempt_is_fenced_and_its_training_stops(tmp_path, sqlite_service):
-    from client import ServiceClient
-    from client.keras import BackupAndRestore
+    from ckptstore.client import ServiceClient
+    from ckptstore.client.keras import BackupAndRestore
 
     job = f"zombie-{uuid.uuid4().hex[:6]}"
     callback = BackupAndRestore(

@@ -12,8 +12,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from ckptstore import Position, Store  # noqa: E402
-from client import ServiceClient  # noqa: E402
-from client.fork import parse_fork_point  # noqa: E402
+from ckptstore.client import ServiceClient  # noqa: E402
+from ckptstore.client.engine.fork import parse_fork_point  # noqa: E402
 
 
 def lora_model(seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -41,7 +41,7 @@ def pool_bytes(root: str, job: str, node: str) -> int:
 
 
 def manager(root: str, url: str, job: str, objects: dict, **options):
-    from client.torch import CheckpointManager
+    from ckptstore.client.torch import CheckpointManager
 
     return CheckpointManager(
         storage=root, service=url, job=job, node="n0", objects=objects, async_save=False, **options
@@ -124,7 +124,7 @@ def test_a_fork_declaration_is_checked(sqlite_service, job_name):
 
 
 def test_a_keras_fit_forked_from_another_job_resumes_exactly_where_the_parent_was(sqlite_service):
-    from client.keras import BackupAndRestore
+    from ckptstore.client.keras import BackupAndRestore
     from tests.test_fit_outages import fit
     from tests.train_job import final_state
 

@@ -18,12 +18,12 @@ import numpy as np
 import pytest
 
 from ckptstore import Position, Store
+from ckptstore.client import ServiceClient
+from ckptstore.client.engine.node import NodeCheckpointer
+from ckptstore.client.service.operations import apply_retention, reindex
 from ckptstore.errors import InvalidNameError
-from ckptstore.manifest import ManifestError, parse_manifest
-from client import ServiceClient
-from client.node import NodeCheckpointer
-from client.operations import apply_retention, reindex
-from server.settings import Settings, root_is_allowed
+from ckptstore.format.manifest import ManifestError, parse_manifest
+from ckptstore.server.settings import Settings, root_is_allowed
 from tests.builders import commit_body, declare
 from tests.conftest import service_settings
 from tests.live import LiveService, start_service_process
@@ -102,7 +102,9 @@ def test_a_short_admin_token_is_refused(tmp_path):
     with pytest.raises(ValueError, match="shorter than 16"):
         Settings(db_url="sqlite://", token="x")
     env = os.environ | {"CKPTSTORE_TOKEN": "x", "CKPTSTORE_DB_URL": f"sqlite:///{tmp_path}/db"}
-    result = subprocess.run([sys.executable, "-m", "server"], env=env, capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "ckptstore.server"], env=env, capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert "shorter than 16" in result.stderr
 
@@ -251,7 +253,9 @@ def test_non_finite_metrics_are_refused_by_the_service_and_left_out_by_the_clien
         (record,) = client.list_checkpoints("nan-job")
         assert record.metrics == {"accuracy": 0.5}
     code = subprocess.run(
-        [sys.executable, "-m", "client.cli", "epochs", "nan-job", "--url", url], capture_output=True, text=True
+        [sys.executable, "-m", "ckptstore.client.cli.main", "epochs", "nan-job", "--url", url],
+        capture_output=True,
+        text=True,
     )
     assert code.returncode == 0, code.stderr
 
@@ -270,7 +274,7 @@ def test_a_manifest_of_deeply_nested_brackets_is_not_committed(tmp_path):
     assert store.list_positions("job", "n0") == []
     assert not store.verify("job", "n0", 0).committed
     result = subprocess.run(
-        [sys.executable, "-m", "client.cli", "inspect", f"{store.url}/job/n0/0000000000/1"],
+        [sys.executable, "-m", "ckptstore.client.cli.main", "inspect", f"{store.url}/job/n0/0000000000/1"],
         capture_output=True,
         text=True,
     )
@@ -319,7 +323,9 @@ def test_the_cli_says_invalid_in_one_line(sqlite_service):
         ["epochs", "job#frag", "--url", sqlite_service.live.url],
         ["jobs", "--url", "127.0.0.1:8080"],
     ):
-        result = subprocess.run([sys.executable, "-m", "client.cli", *argv], capture_output=True, text=True)
+        result = subprocess.run(
+            [sys.executable, "-m", "ckptstore.client.cli.main", *argv], capture_output=True, text=True
+        )
         assert result.returncode == 2, (argv, result.stderr)
         assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr, result.stderr
 
@@ -333,6 +339,8 @@ def test_serve_on_a_corrupted_or_newer_database_says_what_to_do_in_one_line(tmp_
         connection.execute("INSERT INTO alembic_version VALUES ('9999')")
     for path, words in ((corrupt, "restore it from a backup"), (newer, "newer than this ckptstore")):
         env = os.environ | {"CKPTSTORE_DB_URL": f"sqlite:///{path}", "CKPTSTORE_PORT": str(free_port())}
-        result = subprocess.run([sys.executable, "-m", "server"], env=env, capture_output=True, text=True, timeout=60)
+        result = subprocess.run(
+            [sys.executable, "-m", "ckptstore.server"], env=env, capture_output=True, text=True, timeout=60
+        )
         assert result.returncode == 1, result.stderr
         assert len(result.stderr.strip().splitlines()) == 1 and words in result.stderr, result.stderr

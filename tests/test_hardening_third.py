@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from ckptstore import Store
-from client import ServiceClient
-from client.operations import reindex
+from ckptstore.client import ServiceClient
+from ckptstore.client.service.operations import reindex
 from tests.builders import commit_body, declare
 
 # -- 1. one request must not exhaust a node's attempt counter -------------------------------------
@@ -200,7 +200,7 @@ def test_webhook_urls_and_their_secrets_stay_out_of_the_logs(hooked, caplog):
 
 @pytest.mark.parametrize("timestamp, signature", [("1700000000", "sha256=\u00e9"), (None, None), ("\u00b2", "x")])
 def test_verify_signature_says_false_for_forged_headers_instead_of_raising(timestamp, signature):
-    from ckptstore.events import verify_signature
+    from ckptstore.wire.events import verify_signature
 
     assert verify_signature(HOOK_SECRET, timestamp, b"{}", signature, now=1700000000.0) is False
 
@@ -382,7 +382,10 @@ def test_epochs_and_watch_escape_control_characters_from_job_data(sqlite_service
         assert http.post(f"/v1/jobs/{job_name}/nodes/n0/checkpoints/mark", json=mark).is_success
     for argv in (["epochs", job_name], ["watch", job_name, "--since", "0", "--count", "4"]):
         result = subprocess.run(
-            [sys.executable, "-m", "client.cli", *argv, "--url", url], capture_output=True, text=True, timeout=60
+            [sys.executable, "-m", "ckptstore.client.cli.main", *argv, "--url", url],
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
         assert result.returncode == 0, result.stderr
         assert "\x1b" not in result.stdout and "\u202e" not in result.stdout and "\x07" not in result.stdout, argv
@@ -395,7 +398,7 @@ def test_watch_refuses_a_count_below_one(count):
     import sys
 
     result = subprocess.run(
-        [sys.executable, "-m", "client.cli", "watch", "--count", count], capture_output=True, text=True
+        [sys.executable, "-m", "ckptstore.client.cli.main", "watch", "--count", count], capture_output=True, text=True
     )
     assert result.returncode == 2 and "must be 1 or more" in result.stderr
 
@@ -408,7 +411,10 @@ def test_watch_against_a_service_that_never_answers_says_so_in_one_line_and_exit
 
     url = f"http://127.0.0.1:{free_port()}"
     result = subprocess.run(
-        [sys.executable, "-m", "client.cli", "watch", "--url", url], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "ckptstore.client.cli.main", "watch", "--url", url],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.returncode == 1 and len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert "cannot be used" in result.stderr
@@ -433,8 +439,8 @@ def test_a_planted_dcp_metadata_pickle_is_refused_and_runs_nothing(tmp_path):
     torch = pytest.importorskip("torch")
     import torch.distributed.checkpoint as dcp
 
+    from ckptstore.client.torch.dcp import METADATA_KEY, CkptstoreReader, CkptstoreWriter
     from ckptstore.errors import CorruptCheckpointError
-    from client.torch.dcp import METADATA_KEY, CkptstoreReader, CkptstoreWriter
 
     state = {"w": torch.arange(6, dtype=torch.float32)}
     dcp.save(state, storage_writer=CkptstoreWriter(str(tmp_path), "planted", 0))
@@ -457,7 +463,7 @@ def test_a_planted_dcp_metadata_pickle_is_refused_and_runs_nothing(tmp_path):
 
 def test_max_to_keep_none_keeps_every_position(sqlite_service, job_name):
     from ckptstore import Position
-    from client.node import NodeCheckpointer
+    from ckptstore.client.engine.node import NodeCheckpointer
 
     node = NodeCheckpointer(
         job=job_name, storage=sqlite_service.storage, service=sqlite_service.live.url, node="n0", max_to_keep=None

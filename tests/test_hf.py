@@ -1,4 +1,4 @@
-"""`client.hf.BackupAndRestore`: a Hugging Face `Trainer` (a 2-layer GPT-2 from a config, dropout on,
+"""`ckptstore.client.hf.BackupAndRestore`: a Hugging Face `Trainer` (a 2-layer GPT-2 from a config, dropout on,
 the Trainer's shuffled sampler; tests/hf_job.py) SIGKILLed mid-epoch and run again with a plain
 `trainer.train()` ends bit-equal to an uninterrupted run — with the Trainer's own output folder gone
 (a new machine), and past a corrupt newest copy; checkpoint folders round-trip byte for byte."""
@@ -15,7 +15,7 @@ pytest.importorskip("transformers", reason="the [hf] extra is not installed")
 pytest.importorskip("accelerate", reason="the [hf] extra is not installed")
 
 from ckptstore import Position, Store  # noqa: E402
-from client.hf import pack_folder, unpack_folder  # noqa: E402
+from ckptstore.client.hf import pack_folder, unpack_folder  # noqa: E402
 from tests.job_runs import assert_same, damage_own_blob, resumed_position, run_job  # noqa: E402
 
 STEPS_PER_EPOCH = 12  # 96 sequences, batches of 8; a checkpoint every 3 steps

@@ -1,4 +1,4 @@
-"""`client.jax.CheckpointManager`: a JAX/optax loop (tests/jax_job.py) SIGKILLed and run again ends
+"""`ckptstore.client.jax.CheckpointManager`: a JAX/optax loop (tests/jax_job.py) SIGKILLed and run again ends
 bit-equal to an uninterrupted run — on a new machine restoring from S3 (moto) with an empty local
 tier, and past a corrupt newest copy (docs/jax.md's loop, killed mid-epoch on local disk, runs in
 tests/test_docs_code.py); typed PRNG keys round-trip; a state
@@ -17,8 +17,8 @@ pytest.importorskip("optax", reason="the [jax] extra is not installed")
 import jax.numpy as jnp  # noqa: E402
 
 from ckptstore import Position, Store  # noqa: E402
+from ckptstore.client.jax import CheckpointManager  # noqa: E402
 from ckptstore.errors import ResumeDriftError  # noqa: E402
-from client.jax import CheckpointManager  # noqa: E402
 from tests.job_runs import assert_same, damage_own_blob, resumed_position, run_job  # noqa: E402
 
 STEPS_PER_EPOCH = 8

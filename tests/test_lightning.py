@@ -1,4 +1,4 @@
-"""`client.lightning.BackupAndRestore`: a Lightning `fit` (Dropout, AdamW, a shuffling loader;
+"""`ckptstore.client.lightning.BackupAndRestore`: a Lightning `fit` (Dropout, AdamW, a shuffling loader;
 tests/lightning_job.py) SIGKILLed and run again with a plain `trainer.fit` ends bit-equal to an
 uninterrupted run — mid-epoch with torchdata's `StatefulDataLoader`, at an epoch's end with it or
 with a plain `DataLoader`, past a corrupt newest copy."""

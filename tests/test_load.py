@@ -7,7 +7,7 @@ import asyncio
 
 from bench.service import populate, running_service
 from bench.soak import soak
-from server.migrate import migrate
+from ckptstore.server.db.migrate import migrate
 
 
 def test_mixed_load_for_a_few_seconds_answers_every_request(tmp_path):

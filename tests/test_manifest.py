@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from ckptstore import Position, Store
 from ckptstore.copykey import CopyKey
-from ckptstore.crc import checksum, format_crc
-from ckptstore.manifest import ManifestError, parse_manifest
+from ckptstore.format.crc import checksum, format_crc
+from ckptstore.format.manifest import ManifestError, parse_manifest
 
 # CI runs 300; the long run in bench/RESULTS.md sets CKPTSTORE_MANIFEST_EXAMPLES=10000.
 FUZZ_EXAMPLES = int(os.environ.get("CKPTSTORE_MANIFEST_EXAMPLES", "300"))

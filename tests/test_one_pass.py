@@ -17,7 +17,7 @@ from ckptstore.errors import CheckpointNotFoundError
 
 torch = pytest.importorskip("torch", reason="the [torch] extra is not installed")
 
-from client.torch import CheckpointManager  # noqa: E402
+from ckptstore.client.torch import CheckpointManager  # noqa: E402
 
 
 def make_model(seed: int) -> torch.nn.Module:
@@ -129,7 +129,7 @@ def test_dcp_reads_in_one_pass_and_a_tensor_found_damaged_there_fails_the_load(t
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
 
-    from client.torch.dcp import CkptstoreReader, CkptstoreWriter
+    from ckptstore.client.torch.dcp import CkptstoreReader, CkptstoreWriter
 
     torch.manual_seed(0)
     saved = {"a": torch.randn(64, 32), "b": torch.randn(256), "c": torch.randn(32, 32)}

@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from ckptstore import CopyKey, Position
-from ckptstore.layout import blob_key, pool_reference
+from ckptstore.format.layout import blob_key, pool_reference
 from tests import builders
 from tests.conftest import service_settings
 from tests.live import LiveService

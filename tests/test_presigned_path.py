@@ -131,7 +131,7 @@ def damage_own_blob_on(store: Store, job: str, newest: Position, previous: Posit
 
 SAVE_OR_CHECK = """
 import hashlib, sys, torch
-from client.torch import CheckpointManager
+from ckptstore.client.torch import CheckpointManager
 torch.manual_seed(5)
 model = torch.nn.Linear(2048, 4096)  # 32 MiB of weights that do not compress
 manager = CheckpointManager(objects={"model": model}, storage=sys.argv[1], job=sys.argv[2], async_save=False)
@@ -174,7 +174,7 @@ def test_the_service_moves_none_of_the_checkpoint_bytes(tmp_path, moto_s3):
 
 
 def presigned_manager(service: str, storage: str, job: str, model: torch.nn.Module, **options):
-    from client.torch import CheckpointManager
+    from ckptstore.client.torch import CheckpointManager
 
     return CheckpointManager(
         objects={"model": model}, storage=storage, service=service, job=job, node="n0", presigned=True, **options
@@ -227,7 +227,7 @@ def test_urls_are_asked_for_again_before_they_expire_and_no_save_fails(short_liv
 
 
 def test_a_fenced_process_gets_no_url_and_stops(short_lived_urls, moto_s3):
-    from client.torch import CheckpointManager
+    from ckptstore.client.torch import CheckpointManager
 
     storage, job = f"s3://{moto_s3.bucket}/fenced-{uuid.uuid4().hex[:6]}", f"fenced-{uuid.uuid4().hex[:6]}"
     model = torch.nn.Linear(8, 8)
@@ -290,7 +290,7 @@ def test_keras_with_a_local_tier_replicates_and_a_new_machine_resumes_through_ur
 
 def test_the_documented_callback_takes_the_presigned_path(monkeypatch, moto_s3):
     pytest.importorskip("tensorflow", reason="the [tf] extra is not installed")
-    from client.presigned import PresignedFileSystem
+    from ckptstore.client.service.presigned import PresignedFileSystem
     from tests.job_runs import documented_block
 
     monkeypatch.setenv("CKPTSTORE_URL", "http://127.0.0.1:9")  # never asked: nothing is read before fit

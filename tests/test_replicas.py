@@ -13,8 +13,8 @@ import signal
 import httpx
 import pytest
 
+from ckptstore.client import ServiceClient
 from ckptstore.errors import ServiceUnavailableError
-from client import ServiceClient
 from tests.builders import commit_body
 from tests.live import ScratchPostgres, postgres_available, start_service_process
 from tests.servers import Nginx, free_port
@@ -45,7 +45,7 @@ def database():
 
 @pytest.fixture
 def replicas(tmp_path, database):
-    """Three `python -m server` processes on one database, started together (migrations race)."""
+    """Three `python -m ckptstore.server` processes on one database, started together (migrations race)."""
     ports = [free_port() for _ in range(3)]
     with concurrent.futures.ThreadPoolExecutor(3) as pool:
         processes = list(pool.map(lambda p: start_service_process(tmp_path, p, db_url=database), ports))

@@ -11,9 +11,9 @@ import pytest
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 keras = pytest.importorskip("keras")
 
+from ckptstore.client.tensorflow.manager import CheckpointManager  # noqa: E402
+from ckptstore.client.tensorflow.state import StateMismatchError  # noqa: E402
 from ckptstore.errors import CorruptCheckpointError  # noqa: E402
-from client.loop import CheckpointManager  # noqa: E402
-from client.state import StateMismatchError  # noqa: E402
 
 
 def model(width: int, dtype: str = "float32") -> keras.Model:

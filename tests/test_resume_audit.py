@@ -15,8 +15,8 @@ torch = pytest.importorskip("torch", reason="the [torch] extra is not installed"
 from torch import nn  # noqa: E402
 from torchdata.stateful_dataloader import StatefulDataLoader  # noqa: E402
 
+from ckptstore.client.torch import CheckpointManager  # noqa: E402
 from ckptstore.errors import ResumeDriftError  # noqa: E402
-from client.torch import CheckpointManager  # noqa: E402
 
 BASE = {"optimizer": "Adam", "width": 16, "batch": 8, "samples": 64, "seed": 0}
 
@@ -119,7 +119,7 @@ def test_warn_says_every_difference_once_on_the_resume_line_and_goes_on(saved, c
 
 
 def test_the_audit_is_kept_with_the_attempt_and_said_as_an_event(tmp_path, sqlite_service):
-    from client import ServiceClient
+    from ckptstore.client import ServiceClient
 
     root, job = f"{sqlite_service.storage}/{uuid.uuid4().hex[:6]}", f"audited-{uuid.uuid4().hex[:6]}"
     url = sqlite_service.live.url
@@ -141,7 +141,7 @@ def test_the_audit_is_kept_with_the_attempt_and_said_as_an_event(tmp_path, sqlit
 
 
 def test_ckptstore_diff_names_what_changed_between_two_positions(tmp_path, sqlite_service, capsys):
-    from client.cli import main
+    from ckptstore.client.cli.main import main
 
     root, job = f"{sqlite_service.storage}/{uuid.uuid4().hex[:6]}", f"diffed-{uuid.uuid4().hex[:6]}"
     url = sqlite_service.live.url
@@ -190,9 +190,9 @@ def test_a_replicated_save_without_every_ranks_rng_says_rank_0s_rng_is_restored(
 
 
 def test_a_generator_given_to_the_loader_since_the_save_is_named():
+    from ckptstore.client.torch import ResumableSampler
+    from ckptstore.client.torch.loaders import data_fingerprint
     from ckptstore.fingerprint import differences
-    from client.torch import ResumableSampler
-    from client.torch.loaders import data_fingerprint
 
     dataset = torch.utils.data.TensorDataset(torch.zeros(16, 1))
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from ckptstore import Position, Store
-from client import ServiceClient
+from ckptstore.client import ServiceClient
 from tests.conftest import service_settings
 from tests.faults import FaultProxy
 from tests.live import LiveService
@@ -41,7 +41,9 @@ def counter_job(tmp_path, storage: str, job: str, *args: str, timeout: float = 1
 
 
 def cli(*argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "client.cli", *argv], cwd=ROOT, capture_output=True, text=True)
+    return subprocess.run(
+        [sys.executable, "-m", "ckptstore.client.cli.main", *argv], cwd=ROOT, capture_output=True, text=True
+    )
 
 
 def test_a_job_declared_with_a_count_refuses_a_process_named_otherwise_at_start(tmp_path, sqlite_service):
@@ -210,15 +212,15 @@ def test_copy_of_a_job_skips_a_bad_copy_and_copies_the_newer_intact_ones(tmp_pat
 
 
 def test_a_service_url_with_a_path_is_refused_at_construction(tmp_path):
-    from client.node import NodeCheckpointer
+    from ckptstore.client.engine.node import NodeCheckpointer
 
     with pytest.raises(ValueError, match="without a path such as '/v1'"):
         NodeCheckpointer(job="j", storage=str(tmp_path), service="http://127.0.0.1:8080/v1")
 
 
 def test_the_resume_line_appears_only_once_the_state_is_in_place(tmp_path, capsys):
-    from client.loop import CheckpointManager
-    from client.state import StateMismatchError
+    from ckptstore.client.tensorflow.manager import CheckpointManager
+    from ckptstore.client.tensorflow.state import StateMismatchError
     from tests.counter_job import Counter
 
     first = CheckpointManager(storage=str(tmp_path), job="mismatch", node="n0", objects={"model": Counter()})
@@ -240,7 +242,7 @@ def test_reindex_of_a_root_that_does_not_exist_fails_instead_of_finding_nothing(
 
 def test_last_good_after_a_finished_fit_lists_no_deleted_positions_and_exits_0(tmp_path, sqlite_service):
     url, job = sqlite_service.live.url, f"done-{uuid.uuid4().hex[:6]}"
-    from client.node import NodeCheckpointer
+    from ckptstore.client.engine.node import NodeCheckpointer
 
     node = NodeCheckpointer(job=job, storage=sqlite_service.storage, service=url, node="n0", async_save=False)
     node.start()

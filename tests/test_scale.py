@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 
 from ckptstore import Store
-from ckptstore.schema import COMMIT_BATCH_LIMIT, MAX_NODES
-from client import ServiceClient
-from client.operations import iter_attempts
-from client.reports import Reports
-from client.wire import Commit
+from ckptstore.client import ServiceClient
+from ckptstore.client.engine.reports import Reports
+from ckptstore.client.service.operations import iter_attempts
+from ckptstore.client.service.wire import Commit
+from ckptstore.wire.schema import COMMIT_BATCH_LIMIT, MAX_NODES
 from tests.builders import commit_body, declare
 from tests.conftest import service_settings
 from tests.live import LiveService, wait_for
@@ -69,7 +69,7 @@ def test_a_batch_answers_each_commit_as_it_would_alone(service, job_name):
 
 
 def test_commits_and_registrations_answered_before_routing_get_the_routes_answers(service, job_name):
-    """Well-formed commits and registrations skip FastAPI's routing (server.fastpath); the same
+    """Well-formed commits and registrations skip FastAPI's routing (ckptstore.server.http.fastpath); the same
     requests sent with a content type spelled as only the routes take it get the same answers."""
     root = service.storage
     routed = {"content-type": "Application/JSON"}
@@ -113,7 +113,7 @@ def fast_path_count(http: httpx.Client, route: str) -> float:
 def test_a_batch_commit_the_python_client_sends_is_answered_by_the_fast_path(service, job_name):
     """The Python client commits only through `…/checkpoints/batch`: that route is on the fast path
     (counted), and the same batch sent so only the route takes it gets the same answers."""
-    from server.fastpath import BATCH_ROUTE
+    from ckptstore.server.http.fastpath import BATCH_ROUTE
 
     root = service.storage
     routed = {"content-type": "Application/JSON"}
@@ -141,7 +141,7 @@ def test_a_batch_commit_the_python_client_sends_is_answered_by_the_fast_path(ser
 
 def test_the_writes_of_one_group_transaction_see_the_rows_the_earlier_ones_hold(service, job_name):
     """Commits and registrations hold their new rows until the end of their group transaction
-    (server/held.py), and registrations read their nodes' attempt numbers once for it; a later
+    (server/records/held.py), and registrations read their nodes' attempt numbers once for it; a later
     write of the same transaction must still see what an earlier one holds — an Idempotency-Key
     answered in it, the node's newest attempt, an identical commit, the nodes of a position it
     created — and what was stored before. The writer is held up so that every request lands in

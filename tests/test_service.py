@@ -7,7 +7,7 @@ import itertools
 
 import httpx
 
-from client import ServiceClient
+from ckptstore.client import ServiceClient
 from tests import builders
 from tests.builders import commit_body
 
@@ -70,7 +70,7 @@ def test_a_node_asks_for_its_own_part_of_the_last_good_answer_and_a_new_commit_r
         for node in ("n0", "n1", "n2"):
             commit(client, service, job_name, node, 0)
         whole = last_good(client, job_name)
-        for _ in range(2):  # computed, then the cached bytes (server.fastpath)
+        for _ in range(2):  # computed, then the cached bytes (ckptstore.server.http.fastpath)
             own = last_good(client, job_name, node="n1")
             assert own == whole | {"nodes": {"n1": whole["nodes"]["n1"]}}, own
         assert last_good(client, job_name, max_epoch=0, node="n2")["nodes"].keys() == {"n2"}

@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 
 from ckptstore import Position
-from client.node import NodeCheckpointer
-from client.operations import reindex
-from client.service import ServiceClient
+from ckptstore.client.engine.node import NodeCheckpointer
+from ckptstore.client.service.operations import reindex
+from ckptstore.client.service.rest import ServiceClient
 from tests.live import PrivatePostgres, start_service_process
 from tests.servers import free_port
 

@@ -10,7 +10,7 @@ import socket
 import httpx
 import pytest
 
-from server.settings import Settings, root_is_allowed
+from ckptstore.server.settings import Settings, root_is_allowed
 from tests.builders import commit_body
 from tests.live import LiveService, start_service_process
 from tests.servers import free_port
@@ -167,7 +167,7 @@ def test_with_a_token_every_route_but_liveness_and_readiness_needs_it(token_serv
 
 
 def test_sqlite_pragmas_hold_on_every_pooled_connection(tmp_path):
-    from server.db import Database, make_engine
+    from ckptstore.server.db.engine import Database, make_engine
 
     database = Database(make_engine(f"sqlite:///{tmp_path}/p.db"))
     connections = [database.engine.connect() for _ in range(4)]
@@ -198,7 +198,7 @@ def raw_exchange(port: int, request: bytes) -> bytes:
 
 
 def test_a_10_mb_url_or_header_gets_431_and_is_not_buffered(tmp_path):
-    """`python -m server` as shipped (uvicorn + httptools bounds neither the URL nor the headers)."""
+    """`python -m ckptstore.server` as shipped (uvicorn + httptools bounds neither the URL nor the headers)."""
     port = free_port()
     process = start_service_process(tmp_path, port)
     try:
@@ -259,7 +259,7 @@ def test_cached_last_good_answers_stay_current_across_workers(tmp_path):
 def test_head_revision_constant_matches_the_migration_scripts():
     from alembic.script import ScriptDirectory
 
-    from server.migrate import HEAD_REVISION, alembic_config
+    from ckptstore.server.db.migrate import HEAD_REVISION, alembic_config
 
     assert ScriptDirectory.from_config(alembic_config()).get_current_head() == HEAD_REVISION
 
@@ -269,9 +269,9 @@ def test_the_migrated_schema_is_the_models_schema(tmp_path, db):
     from alembic.autogenerate import compare_metadata
     from alembic.migration import MigrationContext
 
-    from server.db import make_engine
-    from server.migrate import migrate
-    from server.models import Base
+    from ckptstore.server.db.engine import make_engine
+    from ckptstore.server.db.migrate import migrate
+    from ckptstore.server.db.models import Base
     from tests.live import ScratchPostgres
 
     scratch = ScratchPostgres() if db == "postgres" else None

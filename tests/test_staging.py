@@ -6,7 +6,7 @@ import mmap
 
 import numpy as np
 
-from client.loop import CheckpointManager
+from ckptstore.client.tensorflow.manager import CheckpointManager
 
 
 def test_staging_is_prepared_at_start_and_every_save_copies_into_the_same_buffers(tmp_path):

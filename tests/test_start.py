@@ -10,8 +10,8 @@ import uuid
 import numpy as np
 
 from ckptstore import Position
-from client import ServiceClient
-from client.node import NodeCheckpointer
+from ckptstore.client import ServiceClient
+from ckptstore.client.engine.node import NodeCheckpointer
 from tests import builders
 from tests.builders import commit_body
 

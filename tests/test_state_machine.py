@@ -16,7 +16,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from ckptstore import CopyKey, Position, Store, commit
 from ckptstore.errors import CorruptCheckpointError
 from ckptstore.retention import Candidate, RetentionPolicy, plan_deletions
-from ckptstore.storage import Storage
+from ckptstore.storage.filesystem import Storage
 
 
 class Killed(BaseException):

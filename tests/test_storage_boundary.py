@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from ckptstore import CopyKey, Position, Store
+from ckptstore.client.engine.node import NodeCheckpointer
 from ckptstore.errors import CheckpointNotFoundError, ConfigurationError, StorageUnavailableError
-from client.node import NodeCheckpointer
 from tests.builders import arrays_for, bit_equal
 from tests.servers import tmpfs
 

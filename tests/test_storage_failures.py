@@ -1,4 +1,4 @@
-"""The storage-exception map (ckptstore/failures.py): every exception class of every backend has a
+"""The storage-exception map (ckptstore/storage/failures.py): every exception class of every backend has a
 kind, and real failures of real backends — local disk, moto's S3, the GCS emulator — are told apart:
 an outage is transient, a missing bucket or a root under a file is a misconfiguration."""
 
@@ -13,7 +13,7 @@ import pytest
 
 from ckptstore import Store
 from ckptstore.errors import StorageUnavailableError
-from ckptstore.failures import BY_CLASS, failure_of, failure_of_type
+from ckptstore.storage.failures import BY_CLASS, failure_of, failure_of_type
 from tests.servers import free_port
 
 BACKEND_MODULES = (
@@ -39,7 +39,7 @@ def test_every_exception_class_of_every_backend_has_a_kind(module):
         if issubclass(cls, Exception) and cls.__module__ == module and not issubclass(cls, Warning)
     ]
     unmapped = [cls.__qualname__ for cls in classes if failure_of_type(cls) is None]
-    assert not unmapped, f"{module}: no kind for {unmapped} (add them to ckptstore/failures.py)"
+    assert not unmapped, f"{module}: no kind for {unmapped} (add them to ckptstore/storage/failures.py)"
 
 
 def test_every_name_in_the_map_is_a_real_class():

@@ -12,7 +12,7 @@ import pytest
 
 from ckptstore import Position, Store
 from ckptstore.errors import CkptStoreError
-from ckptstore.storage import Storage
+from ckptstore.storage.filesystem import Storage
 from tests.builders import arrays_for, bit_equal
 from tests.faults import FaultProxy
 
@@ -65,8 +65,8 @@ def test_at_90_percent_every_save_commits_verified_or_fails_cleanly(moto_s3, pro
 
 
 def test_a_store_that_is_fully_down_skips_saves_reports_health_and_recovers(moto_s3, proxy, sqlite_service):
-    from client import ServiceClient
-    from client.node import NodeCheckpointer
+    from ckptstore.client import ServiceClient
+    from ckptstore.client.engine.node import NodeCheckpointer
 
     job = f"down-{uuid.uuid4().hex[:6]}"
     root = f"s3://{moto_s3.bucket}/{job}"

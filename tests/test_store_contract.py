@@ -15,7 +15,7 @@ from ckptstore import (
     Position,
     Store,
 )
-from ckptstore.layout import MANIFEST_NAME
+from ckptstore.format.layout import MANIFEST_NAME
 from tests.builders import assert_bit_equal
 
 

@@ -15,8 +15,8 @@ import uuid
 import pytest
 
 from ckptstore import Position, Store
-from client import ServiceClient
-from client.node import NodeCheckpointer
+from ckptstore.client import ServiceClient
+from ckptstore.client.engine.node import NodeCheckpointer
 from tests.builders import arrays_for, bit_equal
 from tests.faults import FaultProxy
 from tests.live import wait_for

@@ -21,7 +21,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="the [torch] extra is not installed")
 
 from ckptstore import Position, Store  # noqa: E402
-from client.torch.state import flatten, unflatten  # noqa: E402
+from ckptstore.client.torch.state import flatten, unflatten  # noqa: E402
 from tests.servers import free_port  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -141,7 +141,7 @@ def test_a_two_rank_ddp_job_killed_and_resumed_is_bit_exact(tmp_path, sqlite_ser
 
 
 def test_per_rank_state_a_rank_dying_before_its_commit_leaves_the_position_not_good(tmp_path, sqlite_service):
-    from client import ServiceClient
+    from ckptstore.client import ServiceClient
 
     storage = f"{sqlite_service.storage}/perrank-{uuid.uuid4().hex[:6]}"
     common = ["--per-rank", "--storage", storage, "--service", sqlite_service.live.url]
@@ -188,7 +188,7 @@ def test_dcp_saved_by_two_ranks_loads_exactly_on_one_and_on_four(load_world, tmp
     else:
         loaded = final(ranks(tmp_path, 4, "load", *common, module="tests.dcp_job")[0])
     assert_bit_equal(loaded, dcp_expected())
-    from client import ServiceClient
+    from ckptstore.client import ServiceClient
 
     with ServiceClient(sqlite_service.live.url) as client:
         assert client.last_good_epoch(job).resume.to_position() == Position(1, None)
@@ -229,7 +229,7 @@ def test_a_corrupt_dcp_shard_is_never_loaded_and_the_next_load_falls_back(tmp_pa
     assert "marked corrupt" in failed.stderr and not out.exists(), "nothing loaded"
     loaded = final(run_job(tmp_path, "load", *common, module="tests.dcp_job"))
     assert_bit_equal(loaded, dcp_expected())  # epoch 0, the previous good position, holds the same values
-    from client import ServiceClient
+    from ckptstore.client import ServiceClient
 
     with ServiceClient(sqlite_service.live.url) as client:
         assert client.last_good_epoch(job).resume.to_position() == Position(0, None)
@@ -269,8 +269,8 @@ def _trained(seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
 
 @pytest.mark.parametrize("stepped", [True, False], ids=["stepped-optimizer", "fresh-optimizer"])
 def test_a_local_restore_writes_into_the_live_tensors_exactly(stepped, tmp_path, monkeypatch):
+    from ckptstore.client.torch import CheckpointManager
     from ckptstore.deferred import VerifiedTensors
-    from client.torch import CheckpointManager
 
     model, optimizer = _trained(0)
     objects = {"model": model, "optimizer": optimizer}
@@ -305,8 +305,8 @@ def test_a_local_restore_writes_into_the_live_tensors_exactly(stepped, tmp_path,
 def test_dcp_loads_a_local_copy_straight_into_the_state_tensors(tmp_path, monkeypatch):
     import torch.distributed.checkpoint as dcp
 
+    from ckptstore.client.torch.dcp import CkptstoreReader, CkptstoreWriter
     from ckptstore.deferred import VerifiedTensors
-    from client.torch.dcp import CkptstoreReader, CkptstoreWriter
 
     saved = {
         "w": torch.randn(64, 32),
@@ -333,8 +333,8 @@ def test_dcp_loads_a_local_copy_straight_into_the_state_tensors(tmp_path, monkey
 def test_a_save_before_restore_or_initialize_is_refused_and_writes_nothing(tmp_path):
     """A script that saves without restoring would train over copies already on storage without seeing
     them: the first save says what to call, and nothing is written."""
+    from ckptstore.client.torch import CheckpointManager
     from ckptstore.errors import ConfigurationError
-    from client.torch import CheckpointManager
 
     model, _ = _trained(0)
     with CheckpointManager(objects={"model": model}, storage=str(tmp_path), job="early", node="n0") as mgr:

@@ -43,7 +43,7 @@ def spans():
 
 
 def test_a_save_and_a_restore_are_traced_from_the_client_into_the_service(spans, tmp_path):
-    from client.torch import CheckpointManager
+    from ckptstore.client.torch import CheckpointManager
 
     live = LiveService(service_settings(str(tmp_path), f"sqlite:///{tmp_path}/service.db"))
     try:
@@ -89,7 +89,7 @@ def test_a_save_and_a_restore_are_traced_from_the_client_into_the_service(spans,
 def test_without_a_tracer_provider_nothing_is_recorded_and_the_service_adds_no_middleware(tmp_path):
     from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
 
-    from server.app import create_app
+    from ckptstore.server.app import create_app
 
     assert not tracing.enabled()
     with tracing.span("ckptstore.write", job="j") as span:

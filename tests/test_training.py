@@ -132,7 +132,7 @@ def test_keras_fit_with_a_local_tier_and_s3_killed_mid_epoch_resumes_bit_equal(t
     resumed = run_job(tmp_path, *common)
     assert resumed.splitlines()[0] == "RESUMED 3 4"
     assert_bit_equal(final_state(resumed), baseline(tmp_path, args))
-    from client import ServiceClient
+    from ckptstore.client import ServiceClient
 
     with ServiceClient(sqlite_service.live.url) as client:
         (history_killed, history_resumed) = client.list_attempts(job)
@@ -185,7 +185,7 @@ def test_multi_worker_only_the_chief_writes_and_both_restore_the_same_position(t
             for i in range(2)
         ]
 
-    from client import ServiceClient
+    from ckptstore.client import ServiceClient
 
     workers = launch(epochs=1000)  # runs until killed
     with ServiceClient(sqlite_service.live.url) as client:

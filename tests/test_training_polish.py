@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 from ckptstore import Position, Store
+from ckptstore.client import ServiceClient
+from ckptstore.client.engine.node import NodeCheckpointer
+from ckptstore.client.engine.options import CheckpointOptions
 from ckptstore.errors import InvalidNameError
-from client import ServiceClient
-from client.node import NodeCheckpointer
-from client.options import CheckpointOptions
 from tests.builders import arrays_for
 from tests.faults import FaultProxy
 
@@ -60,7 +60,7 @@ def test_world_size_gives_the_node_count_and_the_cli_declares_a_job(root, sqlite
         [
             sys.executable,
             "-m",
-            "client.cli",
+            "ckptstore.client.cli.main",
             "jobs",
             "declare",
             declared,
@@ -189,7 +189,7 @@ def test_verify_and_last_good_use_the_exact_state_words(root, sqlite_service):
     checkpointer.close()
     shutil.rmtree(os.path.join(root, job, "n0", "0000000001"))
     result = subprocess.run(
-        [sys.executable, "-m", "client.cli", "verify", job, "--url", url], capture_output=True, text=True
+        [sys.executable, "-m", "ckptstore.client.cli.main", "verify", job, "--url", url], capture_output=True, text=True
     )
     assert result.returncode == 1 and "MISSING (marked in the service)" in result.stdout, result.stdout
     assert "CORRUPT" not in result.stdout
@@ -204,8 +204,8 @@ def test_restoring_into_another_optimizer_says_what_differs_and_strict_false_loa
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     import keras
 
-    from client.loop import CheckpointManager
-    from client.state import StateMismatchError
+    from ckptstore.client.tensorflow.manager import CheckpointManager
+    from ckptstore.client.tensorflow.state import StateMismatchError
 
     def model(optimizer):
         keras.utils.set_random_seed(0)

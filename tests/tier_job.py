@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 
 from ckptstore import Position
-from client.node import NodeCheckpointer
+from ckptstore.client.engine.node import NodeCheckpointer
 from tests.builders import arrays_for
 
 local, durable, endpoint, service, job, epochs = sys.argv[1:7]

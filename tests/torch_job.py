@@ -44,7 +44,7 @@ def loader(kind: str, dataset: torch.utils.data.Dataset, seed: int):
     unsaved   DataLoader(dataset, batch_size, shuffle=True), not in objects (not resumable: audited)."""
     from torchdata.stateful_dataloader import StatefulDataLoader
 
-    from client.torch import ResumableSampler
+    from ckptstore.client.torch import ResumableSampler
 
     if kind == "docs":
         return torch.utils.data.DataLoader(dataset, batch_size=BATCH, sampler=ResumableSampler(dataset, seed=seed))
@@ -108,7 +108,7 @@ def main() -> None:
     batches = loader(args.loader, data(rank if args.per_rank else 0), seed=7)
     storage_options = {"endpoint_url": args.endpoint} if args.endpoint else {}
 
-    from client.torch import CheckpointManager
+    from ckptstore.client.torch import CheckpointManager
 
     objects = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "data": batches}
     if args.loader in ("plain", "docs"):

@@ -81,7 +81,7 @@ def final_state(model: keras.Model) -> dict[str, np.ndarray]:
 
 
 def run_keras(args: argparse.Namespace) -> keras.Model:
-    from client.keras import BackupAndRestore
+    from ckptstore.client.keras import BackupAndRestore
 
     model = make_model(args.spe, seeded_dropout=not args.as_users_write)
     save_freq = "epoch" if args.save_freq == "epoch" else int(args.save_freq)
@@ -113,7 +113,7 @@ def run_keras(args: argparse.Namespace) -> keras.Model:
 def run_loop(args: argparse.Namespace) -> keras.Model:
     import tensorflow as tf
 
-    from client.loop import CheckpointManager
+    from ckptstore.client.tensorflow.manager import CheckpointManager
 
     model = make_model()
     x, y = data()

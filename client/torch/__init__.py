@@ -1,8 +1,8 @@
 """PyTorch support: a loop `CheckpointManager` (exact resume: state dicts, RNGs, the data position),
 a resumable sampler for the plain `DataLoader`, and a Distributed Checkpoint storage backend
-(`client.torch.dcp`). Needs the `[torch]` extra."""
+(`ckptstore.client.torch.dcp`). Needs the `[torch]` extra."""
 
-from client.torch.manager import CheckpointManager
-from client.torch.sampler import ResumableSampler
+from ckptstore.client.torch.manager import CheckpointManager
+from ckptstore.client.torch.sampler import ResumableSampler
 
 __all__ = ["CheckpointManager", "ResumableSampler"]

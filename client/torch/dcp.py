@@ -8,7 +8,7 @@ keep DCP's planning and resharding and put the bytes in ckptstore's layout.
 
 Every rank is a node (`node-<rank>`) and commits its items as one checkpoint (safetensors shards,
 CRC32C, manifest last) at the position, through the same node checkpointer as the loop managers
-(`client.node`): options are `CheckpointOptions`' (service, token, local_storage, storage_options,
+(`ckptstore.client.engine.node`): options are `CheckpointOptions`' (service, token, local_storage, storage_options,
 max_to_keep, …), with a service each rank registers an attempt (fencing a zombie) and its commit is
 queued and retried like any other; the position becomes good once every rank's is in. Rank 0 (the
 coordinator) commits its own items together with DCP's metadata once every rank has written, so a
@@ -47,13 +47,13 @@ from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
 from ckptstore import Position
+from ckptstore.client.engine.identity import NodeIdentity
+from ckptstore.client.engine.node import NodeCheckpointer
+from ckptstore.client.engine.options import CheckpointOptions
+from ckptstore.client.torch.state import BITS, host_array
 from ckptstore.deferred import VerifiedTensors
 from ckptstore.errors import CheckpointNotFoundError, CorruptCheckpointError
-from ckptstore.schema import MarkState
-from client.identity import NodeIdentity
-from client.node import NodeCheckpointer
-from client.options import CheckpointOptions
-from client.torch.state import BITS, host_array
+from ckptstore.wire.schema import MarkState
 
 __all__ = ["CkptstoreWriter", "CkptstoreReader", "METADATA_KEY"]
 
@@ -129,7 +129,7 @@ class _MetadataUnpickler(pickle.Unpickler):
 
     _NAMED = frozenset(
         {
-            ("client.torch.dcp", "_Stored"),
+            ("ckptstore.client.torch.dcp", "_Stored"),
             ("torch", "Size"),
             ("torch.serialization", "_get_layout"),
             ("collections", "OrderedDict"),

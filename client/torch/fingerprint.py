@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from client.torch.loaders import data_fingerprint
+from ckptstore.client.torch.loaders import data_fingerprint
 
 __all__ = ["fingerprint", "is_data"]
 

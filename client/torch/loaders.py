@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from client.torch.sampler import ResumableSampler
+from ckptstore.client.torch.sampler import ResumableSampler
 
 __all__ = [
     "is_loader",

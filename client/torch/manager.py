@@ -1,5 +1,5 @@
 """`CheckpointManager` for PyTorch training loops: the same store, service, tiers, async saves,
-fencing and SIGTERM handling as the TensorFlow manager (client/manager.py), for anything with
+fencing and SIGTERM handling as the TensorFlow manager (client/engine/manager.py), for anything with
 `state_dict()` / `load_state_dict()` plus the random number generators.
 
 mgr = CheckpointManager(storage=..., service=..., job="lm",
@@ -26,16 +26,16 @@ from typing import Any
 import numpy as np
 import torch
 
+from ckptstore.client.engine.cadence import SaveEvery
+from ckptstore.client.engine.identity import NodeIdentity
+from ckptstore.client.engine.manager import LoopManager
+from ckptstore.client.engine.options import CheckpointOptions
+from ckptstore.client.torch.fingerprint import fingerprint, is_data
+from ckptstore.client.torch.loaders import generator_states, is_loader, replay_after_first_iterator
+from ckptstore.client.torch.sampler import ResumableSampler
+from ckptstore.client.torch.state import flatten, host_views_are_live, rng_state, set_rng_state, unflatten
 from ckptstore.deferred import VerifiedTensors
 from ckptstore.fingerprint import FINGERPRINT_KEY
-from client.cadence import SaveEvery
-from client.identity import NodeIdentity
-from client.manager import LoopManager
-from client.options import CheckpointOptions
-from client.torch.fingerprint import fingerprint, is_data
-from client.torch.loaders import generator_states, is_loader, replay_after_first_iterator
-from client.torch.sampler import ResumableSampler
-from client.torch.state import flatten, host_views_are_live, rng_state, set_rng_state, unflatten
 
 __all__ = ["CheckpointManager", "distributed_identity"]
 
@@ -179,7 +179,7 @@ class CheckpointManager(LoopManager):
 
     def _apply(self, arrays: Mapping[str, np.ndarray], metadata: Mapping[str, Any]) -> None:
         if STATE_KEY not in metadata:
-            raise ValueError("this checkpoint was not written by client.torch.CheckpointManager")
+            raise ValueError("this checkpoint was not written by ckptstore.client.torch.CheckpointManager")
         tree = json.loads(metadata[STATE_KEY])
         missing = sorted(set(self.objects) - set(tree))
         if missing and self.options.strict:

@@ -1,6 +1,6 @@
 """One router per resource under /v1, plus the unversioned operations endpoints."""
 
-from server.routes import attempts, checkpoints, events, health, jobs, ops, retention, stats, urls, webhooks
+from ckptstore.server.routes import attempts, checkpoints, events, health, jobs, ops, retention, stats, urls, webhooks
 
 # The hot last-good route is matched first (routes are matched in order).
 ROUTERS = [

@@ -9,7 +9,12 @@ from fastapi import APIRouter, Header, Path, Query, Request
 from sqlalchemy.orm import Session
 
 from ckptstore.position import POSITION_LIMIT
-from ckptstore.schema import (
+from ckptstore.server.deps import AgreementsDep, DbDep, JobName, NodeName, PageDep, WritesDep
+from ckptstore.server.errors import COMMON_ERRORS, error_responses
+from ckptstore.server.records import restarts, rules
+from ckptstore.server.records.agreement import WAIT_LIMIT_S
+from ckptstore.server.records.writes import IDEMPOTENCY_KEY, answer_start, register_attempt
+from ckptstore.wire.schema import (
     AttemptInfo,
     AttemptRequest,
     NodeStart,
@@ -18,11 +23,6 @@ from ckptstore.schema import (
     ResumeReport,
     StartRequest,
 )
-from server import records, restarts
-from server.agreement import WAIT_LIMIT_S
-from server.deps import AgreementsDep, DbDep, JobName, NodeName, PageDep, WritesDep
-from server.errors import COMMON_ERRORS, error_responses
-from server.writes import IDEMPOTENCY_KEY, answer_start, register_attempt
 
 __all__ = ["router"]
 
@@ -44,7 +44,7 @@ async def start_attempt(
 ) -> AttemptInfo:
     """Number a new start of `node` (fencing every older attempt) and record where it resumed from;
     a request repeating an answered one's Idempotency-Key gets that attempt again. Well-formed
-    registrations are answered before routing (`server.fastpath`), by the same function."""
+    registrations are answered before routing (`ckptstore.server.http.fastpath`), by the same function."""
     return await register_attempt(writes, job, node, body, key)
 
 
@@ -56,7 +56,7 @@ async def start_node(
     fencing every older one, and answer this node's part of the last-good answer — while the job's
     declaration is the one the node checked and every copy it lists is recorded. Otherwise nothing
     changes and the answer says why: the client then declares, records and registers a request at a
-    time. Well-formed starts are answered before routing (`server.fastpath`), by the same function."""
+    time. Well-formed starts are answered before routing (`ckptstore.server.http.fastpath`), by the same function."""
     return await answer_start(request.app.state, job, node, body, key)
 
 
@@ -67,7 +67,7 @@ async def report_resume(
     """Where this attempt resumed (its part verified there) and which copies it skipped, and why."""
 
     def report(session: Session) -> AttemptInfo:
-        row = records.lock_job(session, job)
+        row = rules.lock_job(session, job)
         return restarts.attempt_info(row, restarts.report_resume(session, row, node, attempt, body))
 
     return await writes.run(job, report)  # every node of a restarting job reports at once: group commit
@@ -80,7 +80,7 @@ async def report_audit(
     """This attempt's resume audit: the saved run's fingerprint against the live one (`resume.audited`)."""
 
     def audit(session: Session) -> AttemptInfo:
-        row = records.lock_job(session, job)
+        row = rules.lock_job(session, job)
         return restarts.attempt_info(row, restarts.record_audit(session, row, node, attempt, body))
 
     return await writes.run(job, audit)
@@ -95,7 +95,7 @@ async def resume_agreement(
     ] = 0,
 ) -> ResumeAgreement:
     """Whether every expected node verified its part of the resume position in this restart (and who is
-    waited for); with `wait_s`, answered once agreed or when the wait is over (`server.agreement`)."""
+    waited for); with `wait_s`, answered once agreed or when the wait is over (`ckptstore.server.records.agreement`)."""
     return await agreements.wait(job, wait_s)
 
 
@@ -103,4 +103,4 @@ async def resume_agreement(
 def list_attempts(job: JobName, db: DbDep, page: PageDep, node: str | None = None) -> list[AttemptInfo]:
     """The job's attempts in the order they started, a page at a time."""
     with db.read() as session:
-        return restarts.list_attempts(session, records.find_job(session, job), node=node, page=page)
+        return restarts.list_attempts(session, rules.find_job(session, job), node=node, page=page)

@@ -7,7 +7,13 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request, Response
 
 from ckptstore.position import POSITION_LIMIT
-from ckptstore.schema import (
+from ckptstore.server.deps import DbDep, JobName, NodeName, PageDep, WritesDep, checked_name
+from ckptstore.server.errors import COMMON_ERRORS, error_responses
+from ckptstore.server.metrics import METRICS
+from ckptstore.server.records import rules
+from ckptstore.server.records.answers import last_good_answer
+from ckptstore.server.records.writes import commit_status, outcome, record_commits
+from ckptstore.wire.schema import (
     CheckpointRecord,
     CheckpointState,
     CommitBatch,
@@ -16,12 +22,6 @@ from ckptstore.schema import (
     LastGood,
     MarkRequest,
 )
-from server import records
-from server.answers import last_good_answer
-from server.deps import DbDep, JobName, NodeName, PageDep, WritesDep, checked_name
-from server.errors import COMMON_ERRORS, error_responses
-from server.metrics import METRICS
-from server.writes import commit_status, outcome, record_commits
 
 __all__ = ["router"]
 
@@ -39,7 +39,7 @@ async def commit(
 ) -> CheckpointRecord:
     """Record a committed checkpoint. Identical re-posts answer 200; other content 409 conflict; an
     attempt older than the node's newest 409 fenced; a location not built from the key parts 422.
-    Well-formed commits are answered before routing (`server.fastpath`), by the same entry point."""
+    Well-formed commits are answered before routing (`ckptstore.server.http.fastpath`), by the same entry point."""
     (answer,) = await record_commits(writes, job, [(node, body)])
     if isinstance(answer, BaseException):
         raise answer
@@ -53,7 +53,7 @@ async def commit_batch(job: JobName, body: CommitBatch, writes: WritesDep) -> li
     """Record several commits of the job, in order, in one group transaction: each gets the answer it
     would have had alone (201, 200, 409, 404 or 422 in `status`); the request fails only as a whole
     (503) when nothing could be recorded. The route every commit of the Python client takes; well-formed
-    batches are answered before routing (`server.fastpath`), by the same entry point."""
+    batches are answered before routing (`ckptstore.server.http.fastpath`), by the same entry point."""
     answers = await record_commits(writes, job, [(commit.node, commit) for commit in body.commits])
     return [outcome(answer) for answer in answers]
 
@@ -69,8 +69,8 @@ def list_checkpoints(
 ) -> list[CheckpointRecord]:
     """The job's records in (epoch, batch, node, attempt) order, a page at a time."""
     with db.read() as session:
-        return records.list_checkpoints(
-            session, records.find_job(session, job), node=node, epoch=epoch, state=state, page=page
+        return rules.list_checkpoints(
+            session, rules.find_job(session, job), node=node, epoch=epoch, state=state, page=page
         )
 
 
@@ -78,7 +78,7 @@ def list_checkpoints(
 async def mark(job: JobName, node: NodeName, body: MarkRequest, writes: WritesDep) -> list[CheckpointRecord]:
     """Mark a node's copy corrupt, missing or deleted; the judge re-decides its position."""
     return await writes.run(
-        job, lambda session: records.mark_checkpoint(session, records.lock_job(session, job), node, body)
+        job, lambda session: rules.mark_checkpoint(session, rules.lock_job(session, job), node, body)
     )
 
 
@@ -93,7 +93,7 @@ async def last_good_epoch(
 ) -> Response:
     """The last good epoch, the resume position, each node's part of it, and why newer positions are not good.
 
-    Cache hits are answered before routing (`server.fastpath`); this computes the answer and caches it.
+    Cache hits are answered before routing (`ckptstore.server.http.fastpath`); this computes the answer and caches it.
     """
     METRICS.last_good_queries.inc()
     if node is not None:

@@ -8,12 +8,12 @@ from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import StreamingResponse
 
 from ckptstore.errors import InvalidNameError
-from ckptstore.events import EVENT_TYPES, EventPage
 from ckptstore.names import validate_name
-from server.deps import HubDep
-from server.errors import COMMON_ERRORS, ApiError, error_responses
-from server.protocol import ENDLESS
-from server.stream import EventHub
+from ckptstore.server.deps import HubDep
+from ckptstore.server.errors import COMMON_ERRORS, ApiError, error_responses
+from ckptstore.server.events.stream import EventHub
+from ckptstore.server.http.protocol import ENDLESS
+from ckptstore.wire.events import EVENT_TYPES, EventPage
 
 __all__ = ["router", "stream_response", "event_filter"]
 

@@ -12,11 +12,11 @@ from sqlalchemy.orm import Session
 
 from ckptstore import Store
 from ckptstore.errors import StorageUnavailableError
-from ckptstore.telemetry_schema import HealthReport, JobHealth, NodeHealth, ProbeResult
-from server import records, telemetry
-from server.deps import DbDep, JobName, NodeName, SettingsDep, WritesDep
-from server.errors import COMMON_ERRORS
-from server.last_good import expected_nodes
+from ckptstore.server.deps import DbDep, JobName, NodeName, SettingsDep, WritesDep
+from ckptstore.server.errors import COMMON_ERRORS
+from ckptstore.server.records import rules, telemetry
+from ckptstore.server.records.last_good import expected_nodes
+from ckptstore.wire.schema import HealthReport, JobHealth, NodeHealth, ProbeResult
 
 __all__ = ["router"]
 
@@ -29,8 +29,8 @@ async def report_health(
     job: JobName, node: NodeName, body: HealthReport, writes: WritesDep, settings: SettingsDep
 ) -> NodeHealth:
     def report(session: Session) -> NodeHealth:
-        row = records.find_job(session, job)
-        records.require_node(session, row, node)
+        row = rules.find_job(session, job)
+        rules.require_node(session, row, node)
         return telemetry.report_health(session, row, node, body, stale_after=settings.health_stale_seconds)
 
     return await writes.run(job, report)
@@ -62,7 +62,7 @@ async def job_health(job: JobName, db: DbDep, settings: SettingsDep, probe: bool
 
     def read() -> tuple[str, list[NodeHealth]]:
         with db.read() as session:
-            row = records.find_job(session, job)
+            row = rules.find_job(session, job)
             nodes = expected_nodes(session, row)
             return row.storage_root, telemetry.job_health(
                 session, row, nodes, stale_after=settings.health_stale_seconds

@@ -5,11 +5,11 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 from sqlalchemy import select
 
-from ckptstore.schema import JobInfo, JobSpec, Lineage
-from server import lineage, records
-from server.deps import DbDep, JobName, PageDep, SettingsDep
-from server.errors import COMMON_ERRORS, error_responses
-from server.models import Job
+from ckptstore.server.db.models import Job
+from ckptstore.server.deps import DbDep, JobName, PageDep, SettingsDep
+from ckptstore.server.errors import COMMON_ERRORS, error_responses
+from ckptstore.server.records import lineage, rules
+from ckptstore.wire.schema import JobInfo, JobSpec, Lineage
 
 __all__ = ["router"]
 
@@ -20,11 +20,11 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=COMMON_ERRORS | e
 def put_job(job: JobName, spec: JobSpec, db: DbDep, settings: SettingsDep, response: Response) -> JobInfo:
     """Declare a job or update it; a new node set applies to positions first written after the change."""
     with db.write() as session:
-        row, created = records.put_job(
+        row, created = rules.put_job(
             session, job, spec, default_root=settings.default_storage, allowed_roots=settings.allowed_roots
         )
         response.status_code = 201 if created else 200
-        return records.job_info(session, row)
+        return rules.job_info(session, row)
 
 
 @router.get("", response_model=list[JobInfo])
@@ -32,16 +32,16 @@ def list_jobs(db: DbDep, page: PageDep) -> list[JobInfo]:
     """Jobs by name, a page at a time."""
     with db.read() as session:
         rows = session.scalars(select(Job).order_by(Job.name).limit(page.limit).offset(page.offset))
-        return [records.job_info(session, row) for row in rows]
+        return [rules.job_info(session, row) for row in rows]
 
 
 @router.get("/{job}", response_model=JobInfo)
 def get_job(job: JobName, db: DbDep, request: Request) -> Response:
     """The job as declared, with its last good epoch and resume position. The answer is cached per job
-    version: repeated reads are answered before routing (`server.fastpath`)."""
+    version: repeated reads are answered before routing (`ckptstore.server.http.fastpath`)."""
     with db.read() as session:
-        row = records.find_job(session, job)
-        version, body = row.version, records.job_info(session, row).model_dump_json().encode()
+        row = rules.find_job(session, job)
+        version, body = row.version, rules.job_info(session, row).model_dump_json().encode()
     request.app.state.job_answers.put((job, None, None), version, body)
     return Response(body, media_type="application/json")
 
@@ -50,12 +50,12 @@ def get_job(job: JobName, db: DbDep, request: Request) -> Response:
 def get_lineage(job: JobName, db: DbDep) -> Lineage:
     """The checkpoint this job was forked from, that job's parent and so on, and the jobs forked from it."""
     with db.read() as session:
-        return lineage.lineage(session, records.find_job(session, job))
+        return lineage.lineage(session, rules.find_job(session, job))
 
 
 @router.delete("/{job}", status_code=204)
 def delete_job(job: JobName, db: DbDep) -> Response:
     """Forget a job's records (its checkpoints on storage stay; `ckptstore reindex` can bring them back)."""
     with db.write() as session:
-        records.delete_job(session, records.lock_job(session, job))
+        rules.delete_job(session, rules.lock_job(session, job))
     return Response(status_code=204)

@@ -9,12 +9,12 @@ from fastapi.responses import PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import select, text
 
-from server.advice import job_advice
-from server.deps import DbDep
-from server.errors import ApiError
-from server.metrics import METRICS, scrape_metrics
-from server.models import Attempt, Job
-from server.telemetry import replication_lag
+from ckptstore.server.db.models import Attempt, Job
+from ckptstore.server.deps import DbDep
+from ckptstore.server.errors import ApiError
+from ckptstore.server.metrics import METRICS, scrape_metrics
+from ckptstore.server.records.advice import job_advice
+from ckptstore.server.records.telemetry import replication_lag
 
 __all__ = ["router", "ADVICE_WINDOW_S"]
 

@@ -6,10 +6,10 @@ import time
 
 from fastapi import APIRouter
 
-from ckptstore.schema import RetentionPlan
-from server import records
-from server.deps import DbDep, JobName
-from server.errors import COMMON_ERRORS
+from ckptstore.server.deps import DbDep, JobName
+from ckptstore.server.errors import COMMON_ERRORS
+from ckptstore.server.records import rules
+from ckptstore.wire.schema import RetentionPlan
 
 __all__ = ["router"]
 
@@ -20,4 +20,4 @@ router = APIRouter(prefix="/v1/jobs/{job}", tags=["retention"], responses=COMMON
 def retention_plan(job: JobName, db: DbDep) -> RetentionPlan:
     """Never the last good epoch, the resume position or anything newer; whole positions across nodes."""
     with db.read() as session:
-        return records.retention_plan(session, records.find_job(session, job), now=time.time())
+        return rules.retention_plan(session, rules.find_job(session, job), now=time.time())

@@ -1,4 +1,4 @@
-"""Presigned URLs: a node's short-lived URLs to its own objects on S3 (`server.presign`)."""
+"""Presigned URLs: a node's short-lived URLs to its own objects on S3 (`ckptstore.server.presign.signer`)."""
 
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ import time
 from fastapi import APIRouter, Request
 from sqlalchemy import func, select
 
-from ckptstore.presign_schema import SignedUrls, UrlsRequest
-from server import lineage, records
-from server.deps import DbDep, JobName, NodeName
-from server.errors import COMMON_ERRORS, ApiError, error_responses
-from server.metrics import METRICS
-from server.models import Attempt
-from server.presign import scope, valid_attempt
+from ckptstore.server.db.models import Attempt
+from ckptstore.server.deps import DbDep, JobName, NodeName
+from ckptstore.server.errors import COMMON_ERRORS, ApiError, error_responses
+from ckptstore.server.metrics import METRICS
+from ckptstore.server.presign.signer import scope, valid_attempt
+from ckptstore.server.records import lineage, rules
+from ckptstore.wire.presign import SignedUrls, UrlsRequest
 
 __all__ = ["router"]
 
@@ -28,8 +28,8 @@ def presigned_urls(job: JobName, node: NodeName, body: UrlsRequest, db: DbDep, r
     nothing is signed unless every object asked for is in scope (403)."""
     attempt = None if body.attempt is None else valid_attempt(body.attempt)
     with db.read() as session:
-        row = records.find_job(session, job)
-        records.require_node(session, row, node)
+        row = rules.find_job(session, job)
+        rules.require_node(session, row, node)
         newest = session.scalar(select(func.max(Attempt.number)).where(Attempt.job_id == row.id, Attempt.node == node))
         ancestors = lineage.lineage(session, row).ancestors
     if attempt is not None and (newest is None or int(attempt) != newest):

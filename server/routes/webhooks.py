@@ -9,13 +9,13 @@ from fastapi import APIRouter, Path, Query, Response
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from ckptstore.events import DeliveryInfo, WebhookInfo, WebhookSpec
 from ckptstore.names import NAME_JSON_SCHEMA
-from server.deps import DbDep, SettingsDep
-from server.errors import COMMON_ERRORS, ApiError, error_responses
-from server.events import newest_event_id
-from server.models import Delivery, Webhook
-from server.webhooks import check_webhook_url
+from ckptstore.server.db.models import Delivery, Webhook
+from ckptstore.server.deps import DbDep, SettingsDep
+from ckptstore.server.errors import COMMON_ERRORS, ApiError, error_responses
+from ckptstore.server.events.log import newest_event_id
+from ckptstore.server.events.webhooks import check_webhook_url
+from ckptstore.wire.events import DeliveryInfo, WebhookInfo, WebhookSpec
 
 __all__ = ["router"]
 

@@ -1,0 +1,94 @@
+"""The resume audit on the client: the checkpoint's fingerprint against the live run's
+(ckptstore.fingerprint), what `resume_check` makes of drift, and how the verdict is said.
+
+The verdict is said where a user looks — the one resume line, every difference on a line of its
+own under it — kept with the attempt on the service (`resume.audited`), and under
+resume_check="raise" a drift refuses the restore before anything is assigned.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ckptstore import Position
+from ckptstore.client.engine.reports import Reports
+from ckptstore.errors import ResumeDriftError
+from ckptstore.fingerprint import FINGERPRINT_KEY, differences, verdict
+from ckptstore.wire.schema import PositionBody, ResumeAudit
+
+if TYPE_CHECKING:
+    from ckptstore.copies import Restored
+
+__all__ = ["AuditedNode", "audit", "judged", "audit_restored", "refuse_drift", "said", "mid_epoch_without_data"]
+
+
+class AuditedNode(Protocol):
+    """What the audit needs of a node (`ckptstore.client.engine.node.NodeCheckpointer`): where its audit goes."""
+
+    job: str
+    node: str
+    reports: Reports
+
+    def report_audit(self, audit: ResumeAudit) -> None: ...
+
+
+def mid_epoch_without_data(position: Position, live: dict[str, Any]) -> None:
+    """A mid-epoch resume with no data loader or sampler among the objects: the rest of the epoch is
+    drawn anew, not the saved run's — recorded in `live` as an inexact data part."""
+    if position.batch is not None and not live.get("data"):
+        live.setdefault("data", {})["(none)"] = {
+            "inexact": f"resumed mid-epoch ({position}) with no data loader, sampler or iterator in objects: "
+            "ckptstore cannot see the data position, so unless the loop picks its batches from (epoch, batch) "
+            "alone the rest of the epoch is not the saved run's (put the data object in objects)"
+        }
+
+
+def audit(position: Position, metadata: Mapping[str, Any], live: Mapping[str, Any]) -> ResumeAudit:
+    """The audit of resuming at `position` from a checkpoint with `metadata` into the `live` run. A
+    checkpoint written before fingerprints existed has nothing to compare: that is drift, said so."""
+    saved = metadata.get(FINGERPRINT_KEY)
+    if not isinstance(saved, Mapping):
+        found = ["checkpoint: written without a fingerprint (an older ckptstore): nothing to compare"]
+    else:
+        found = differences(saved, live)
+    found = [f[:1000] for f in found[:200]]
+    return ResumeAudit(position=PositionBody.of(position), verdict=verdict(found), differences=found)
+
+
+def judged(report: ResumeAudit, checkpointer: AuditedNode, resume_check: str) -> ResumeAudit:
+    """Keep the restore's audit with the attempt; under resume_check="raise" a drift refuses, once its
+    audit is on record, before anything is assigned."""
+    checkpointer.report_audit(report)
+    if resume_check == "raise" and report.verdict == "drift":
+        checkpointer.reports.drain(timeout=5)
+        refuse_drift(report, checkpointer.job, checkpointer.node)
+    return report
+
+
+def audit_restored(
+    restored: Restored, checkpointer: AuditedNode, resume_check: str, live: Callable[[], Mapping[str, Any]]
+) -> ResumeAudit | None:
+    """The audit of a restored copy against the live run's fingerprint (`live`, taken only when the check
+    is on), `judged`; None under resume_check="off"."""
+    if resume_check == "off":
+        return None
+    report = audit(restored.copy.position, restored.checkpoint.manifest.metadata, live())
+    return judged(report, checkpointer, resume_check)
+
+
+def refuse_drift(report: ResumeAudit, job: str, node: str) -> None:
+    """resume_check="raise": a drift stops the restore, naming every difference."""
+    if report.verdict == "drift":
+        raise ResumeDriftError(
+            f"{job}/{node}: the resume audit found drift (resume_check='raise'; nothing was assigned):{said(report)}",
+            differences=tuple(report.differences),
+        )
+
+
+def said(report: ResumeAudit) -> str:
+    """The verdict as the resume line ends: `resume audit: exact`, or the differences, one per line."""
+    if report.verdict == "exact":
+        return "; resume audit: exact"
+    lines = "".join(f"\n  - {difference}" for difference in report.differences)
+    return f"; resume audit: DRIFT, not an exact resume ({len(report.differences)} difference(s)):{lines}"

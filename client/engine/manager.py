@@ -1,0 +1,237 @@
+"""What the loop managers share — TensorFlow's (client/tensorflow/manager.py) and PyTorch's (client/torch/):
+start and restore through the node checkpointer, save at (epoch, batch), checkpoint on SIGTERM,
+wait and close. A framework manager says only how its objects become named host arrays
+(`_capture`) and how arrays go back into them (`_apply`)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ckptstore import Position, tracing
+from ckptstore.client.engine.audit import audit, judged, mid_epoch_without_data
+from ckptstore.client.engine.cadence import SaveCadence, SaveEvery
+from ckptstore.client.engine.identity import NodeIdentity
+from ckptstore.client.engine.node import NodeCheckpointer
+from ckptstore.client.engine.options import CheckpointOptions
+from ckptstore.client.engine.preemption import PreemptionNotice
+from ckptstore.client.engine.restore import Restorer, restore_in_one_pass
+from ckptstore.client.engine.staging import snapshot_arrays
+from ckptstore.copies import Restored
+from ckptstore.wire.schema import ResumeAudit
+
+__all__ = ["LoopManager"]
+
+log = logging.getLogger("ckptstore.client")
+
+
+class LoopManager:
+    """Save and restore a training loop's state every epoch (or batch), through ckptstore.
+
+    Options are `CheckpointOptions`' (storage, service, job, node, max_to_keep, async_save,
+    on_error, strict, …), each defaulting to its CKPTSTORE_* variable where it has one.
+    `save_every` / `save_every_seconds`: when a `save()` call saves (client/engine/cadence.py; by default,
+    every call does).
+    """
+
+    def __init__(
+        self,
+        *,
+        options: CheckpointOptions | None = None,
+        identity: NodeIdentity | None = None,
+        save_every: SaveEvery = None,
+        save_every_seconds: float | None = None,
+        **settings: Any,
+    ):
+        self.cadence = SaveCadence(save_every, save_every_seconds)
+        self.options = options if options is not None else CheckpointOptions.resolve(**settings)
+        self.checkpointer = NodeCheckpointer(self.options, identity=identity)
+        if self.cadence.every == "auto" and self.checkpointer.client is None:
+            log.warning("save_every='auto' follows the service's advice and there is no service: it saves each epoch")
+        self.resume_position: Position | None = None
+        self.audit: ResumeAudit | None = None  # the last restore's resume audit (None: none, or resume_check="off")
+        self.preemption = PreemptionNotice(self.options.preemption_budget_s)
+        self._staging: dict[str, np.ndarray] = {}  # host buffers an async save writes from, reused
+
+    # -- what a framework manager provides ------------------------------------------------------
+
+    def _capture(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """The state as named host arrays — views of the live values where the framework allows —
+        and the manifest metadata that describes them."""
+        raise NotImplementedError
+
+    def _apply(self, arrays: Mapping[str, np.ndarray], metadata: Mapping[str, Any]) -> None:
+        """Put a verified checkpoint's arrays back into the state."""
+        raise NotImplementedError
+
+    def _live_fingerprint(self, arrays: Mapping[str, np.ndarray], metadata: Mapping[str, Any]) -> dict[str, Any]:
+        """The live run's fingerprint (ckptstore.fingerprint), to audit a restore of the checkpoint with
+        `arrays` and `metadata` against, before anything is assigned."""
+        raise NotImplementedError
+
+    def _gather(self, *, collective: bool) -> None:
+        """Called on every process as a save begins, writer or not (`collective`: the processes are all
+        saving now, so a collective may run)."""
+
+    def _started(self) -> None:
+        """Called once the start is over (restored or fresh)."""
+
+    def _agree(self, due: bool) -> bool:
+        """Whether the processes that save together save now, from this one's `due` (a timed cadence
+        may decide differently on each; the one that writes decides)."""
+        return due
+
+    # -- the loop's calls ------------------------------------------------------------------------
+
+    def restore_or_initialize(self) -> int:
+        """Restore the last good position (if any) and return the next epoch to run (0 on a fresh job).
+
+        After a mid-epoch position, `resume_position.batch` batches of that epoch are already trained
+        (`first_batch(epoch)` says where to start).
+        """
+        self.preemption.install()
+        started = time.perf_counter()
+        found = restore_in_one_pass(self.checkpointer, self._assign)
+        restored = None if found is None else found[0]
+        if restored is not None:
+            self.checkpointer.resumed(restored, time.perf_counter() - started, self.audit)
+        self.resume_position = None if restored is None else restored.copy.position
+        self._started()
+        self.cadence.restart(self.resume_position)
+        self._follow_advice()
+        position = self.resume_position
+        if position is None:
+            return 0
+        return position.epoch + 1 if position.is_end_of_epoch else position.epoch
+
+    def _assign(self, restored: Restored) -> None:
+        """Audit the restored copy, then assign every array (tensors read into place, each checked there)."""
+        checkpoint = restored.checkpoint
+        self.audit = self._audit(restored)  # reads the small tensors it compares, checked as they land
+        where = self._where(restored.copy.position)
+        with tracing.span("ckptstore.restore.assign", **where, bytes=checkpoint.manifest.total_bytes):
+            self._apply(checkpoint.arrays, checkpoint.manifest.metadata)
+
+    def _audit(self, restored: Restored) -> ResumeAudit | None:
+        """The restore's resume audit (client/engine/audit.py), recorded with the attempt; under
+        resume_check="raise" a drift refuses here, before anything is assigned."""
+        if self.options.resume_check == "off":
+            return None
+        return judged(self._audit_of(restored), self.checkpointer, self.options.resume_check)
+
+    def _audit_of(self, restored: Restored) -> ResumeAudit:
+        checkpoint, position = restored.checkpoint, restored.copy.position
+        live = self._live_fingerprint(checkpoint.arrays, checkpoint.manifest.metadata)
+        mid_epoch_without_data(position, live)
+        return audit(position, checkpoint.manifest.metadata, live)
+
+    def check_restore(self) -> ResumeAudit | None:
+        """The audit of the restore a start would make now — the same copy, verified, against the live
+        objects — changing nothing: no attempt is registered, nothing is marked or assigned. None when
+        there is nothing to resume from."""
+        node = self.checkpointer
+        restorer = Restorer(
+            job=node.job, node=node.node, tiers=node.tiers, client=node.client, attempt=None, timeout_s=0
+        )
+        restored = restorer.preview()
+        return None if restored is None else self._audit_of(restored)
+
+    def first_batch(self, epoch: int) -> int:
+        """How many batches of `epoch` the restored state has already trained (0 unless resumed mid-epoch)."""
+        position = self.resume_position
+        if position is None or position.is_end_of_epoch or position.epoch != epoch:
+            return 0
+        return position.batch or 0
+
+    def save(
+        self,
+        epoch: int,
+        *,
+        batch: int | None = None,
+        step: int | None = None,
+        metrics: Mapping[str, float] | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> bool:
+        """Checkpoint the state at (epoch, batch: batches of `epoch` trained; None: the epoch is over)
+        when the cadence says a save is due (`save_every`; by default every call saves); returns once
+        the state is copied to host memory (async saves) or committed. Returns whether it saved: not
+        when no save is due, nor in a process that does not write, nor when the save would wait behind
+        one still retrying a failing storage (then it is skipped, counted and said; training goes on)."""
+        position = Position(epoch, batch)
+        if not self.due(epoch, batch=batch):
+            return False
+        self.cadence.saved(position)
+        saved = self._save(position, step=step, metrics=metrics, metadata=metadata)
+        self._follow_advice()
+        return saved
+
+    def due(self, epoch: int, *, batch: int | None = None) -> bool:
+        """Whether a `save(epoch, batch=batch)` now would save (its cadence; not whether storage takes it)."""
+        due = self.cadence.due(Position(epoch, batch), writing=self.checkpointer.writing)
+        return self._agree(due) if self.cadence.timed else due
+
+    def _save(
+        self,
+        position: Position,
+        *,
+        step: int | None = None,
+        metrics: Mapping[str, float] | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> bool:
+        began = time.perf_counter()
+        self._gather(collective=not self.preemption.pending)
+        # The staging buffers are free once the previous write is done: `ready` waits for it, or skips.
+        if not self.checkpointer.writes or not self.checkpointer.ready(position):
+            return False
+        with tracing.span("ckptstore.snapshot", **self._where(position)) as span:
+            views, described = self._capture()
+            # An async save writes while training goes on: from a copy. A synchronous one is written
+            # before training can change anything: straight from the views (a copy of the state saved).
+            arrays = snapshot_arrays(views, self._staging) if self.checkpointer.options.async_save else views
+            if span is not None:  # tracing on: the sum costs a pass over every array otherwise
+                tracing.set_attributes(span, bytes=sum(a.nbytes for a in arrays.values()))
+        saved = self.checkpointer.save(
+            position, arrays, step=step, metrics=metrics, metadata={**described, **(metadata or {})}
+        )
+        if saved:  # what training waited for this save: the service's advice weighs it (server/records/advice.py)
+            self.checkpointer.reports.stats("blocked", time.perf_counter() - began, 0)
+        return saved
+
+    def _follow_advice(self) -> None:
+        """save_every="auto": keep the service's recommended interval for the job fresh (in the background)."""
+        client = self.checkpointer.client
+        if client is not None and self.checkpointer.writes:
+            job, node = self.checkpointer.job, self.checkpointer.node
+            self.cadence.refresh(lambda: client.advice(job), where=f"{job}/{node}")
+
+    def _where(self, position: Position) -> dict[str, str]:
+        """A span's attributes that say which checkpoint it is about."""
+        return {"job": self.checkpointer.job, "node": self.checkpointer.node, "position": str(position)}
+
+    def checkpoint_if_preempted(self, epoch: int, batch: int) -> None:
+        """Call between batches: after a SIGTERM, save (epoch, batch) and exit as SIGTERM would."""
+        if not self.preemption.pending:
+            return
+        if self.preemption.within_budget:
+            self._save(Position(epoch, batch))
+            self.checkpointer.wait()
+        self.close()
+        self.preemption.exit()
+
+    def wait(self) -> None:
+        """Block until the save in flight is committed."""
+        self.checkpointer.wait()
+
+    def close(self) -> None:
+        self.preemption.uninstall()
+        self.checkpointer.close()
+
+    def __enter__(self) -> LoopManager:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,4 +1,11 @@
-"""ckptstore core: checkpoints as safetensors shards + a manifest on any fsspec storage."""
+"""ckptstore core: checkpoints as safetensors shards + a manifest on any fsspec storage.
+
+The public modules: `ckptstore` (the names in `__all__`), `ckptstore.errors`, `ckptstore.client`
+(`ServiceClient`) and the framework adapters `ckptstore.client.keras`, `.tensorflow`, `.torch` (with
+`.torch.dcp`), `.jax`, `.hf` and `.lightning`. Every other module — the core's `format/`, `storage/` and
+`wire/`, the client's `engine/`, `service/` and `cli/`, the service — is internal: its names may change
+between releases (tests/test_public_surface.py holds the rule).
+"""
 
 from ckptstore import errors
 from ckptstore.copykey import CopyKey

@@ -156,8 +156,18 @@ class BackupAndRestore(TrainerCallback):
     job defaults to CKPTSTORE_JOB, else "hf"). The cadence is the Trainer's (`save_steps`).
     """
 
-    def __init__(self, **options: Any):
-        self.options = CheckpointOptions.resolve(default_job="hf", **options)
+    def __init__(
+        self,
+        *,
+        job: str | None = None,
+        storage: str | None = None,
+        service: str | list[str] | None = None,
+        local_storage: str | None = None,
+        **options: Any,
+    ):
+        self.options = CheckpointOptions.resolve(
+            default_job="hf", job=job, storage=storage, service=service, local_storage=local_storage, **options
+        )
         self.checkpointer: NodeCheckpointer | None = None
         self._steps_per_epoch = 1
         self._length: int | None = None

@@ -92,8 +92,13 @@ class CheckpointManager(LoopManager):
         save_every: SaveEvery = None,
         save_every_seconds: float | None = None,
         data: Mapping[str, Any] | None = None,
+        job: str | None = None,
+        storage: str | None = None,
+        service: str | list[str] | None = None,
+        local_storage: str | None = None,
         **settings: Any,
     ):
+        settings.update(job=job, storage=storage, service=service, local_storage=local_storage)
         super().__init__(options=options, save_every=save_every, save_every_seconds=save_every_seconds, **settings)
         self._state: Any = None
         self._data = None if data is None else {"type": "jax loop", **json.loads(json.dumps(dict(data)))}

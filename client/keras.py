@@ -41,8 +41,9 @@ class BackupAndRestore(keras.callbacks.Callback):
     """Back up the training state every epoch (or every `save_freq` batches) and restore it on restart.
 
     `backup_dir` is the storage root when `storage` is not given (so `BackupAndRestore("/tmp/b")`
-    works as Keras' does). The other options are `CheckpointOptions`' (`service=`, `storage=`,
-    `job=` — default CKPTSTORE_JOB or "keras" —, `node=`, `max_to_keep=`, …).
+    works as Keras' does). `job` defaults to CKPTSTORE_JOB, else "keras"; `storage`, `service` and
+    `local_storage` to their CKPTSTORE_* variables. The other options are `CheckpointOptions`' (`node=`,
+    `token=`, `max_to_keep=`, `on_error=`, `resume_check=`, `fresh_start=`, …).
     With an int `save_freq` an end-of-epoch checkpoint is taken too, so a last good epoch exists.
     `save_freq="auto"` follows the interval the service recommends for the job (client/engine/cadence.py:
     each epoch until the job has failed twice), `"continuous"` saves as soon as the previous save is
@@ -57,18 +58,28 @@ class BackupAndRestore(keras.callbacks.Callback):
         double_checkpoint: bool = False,
         delete_checkpoint: bool = True,
         save_every_seconds: float | None = None,
+        *,
+        job: str | None = None,
+        storage: str | None = None,
+        service: str | list[str] | None = None,
+        local_storage: str | None = None,
         **options: Any,
     ):
         super().__init__()
-        options.setdefault("storage", None)
-        options["storage"] = options["storage"] or backup_dir
         self.save_freq = save_freq
         self.double_checkpoint = double_checkpoint  # every position is kept until retention removes it
         self.delete_checkpoint = delete_checkpoint
         # Objects are known only once fit() sets the model: filled in at on_train_begin.
         self.manager = CheckpointManager(
             objects={},
-            options=CheckpointOptions.resolve(default_job="keras", **options),
+            options=CheckpointOptions.resolve(
+                default_job="keras",
+                job=job,
+                storage=storage or backup_dir,
+                service=service,
+                local_storage=local_storage,
+                **options,
+            ),
             save_every=save_freq,  # checked by the cadence
             save_every_seconds=save_every_seconds,
         )

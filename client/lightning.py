@@ -55,11 +55,22 @@ class BackupAndRestore(pl.Callback):
     exact resume of a restarted `fit`. Options are `CheckpointOptions`' (storage, job, service,
     local_storage, max_to_keep, codec, …; the job defaults to CKPTSTORE_JOB, else "lightning")."""
 
-    def __init__(self, *, every_n_train_steps: int | None = None, **options: Any):
+    def __init__(
+        self,
+        *,
+        every_n_train_steps: int | None = None,
+        job: str | None = None,
+        storage: str | None = None,
+        service: str | list[str] | None = None,
+        local_storage: str | None = None,
+        **options: Any,
+    ):
         if every_n_train_steps is not None and (isinstance(every_n_train_steps, bool) or every_n_train_steps < 1):
             raise ValueError(f"every_n_train_steps must be a positive integer or None, got {every_n_train_steps!r}")
         self.every_n_train_steps = every_n_train_steps
-        self.options = CheckpointOptions.resolve(default_job="lightning", **options)
+        self.options = CheckpointOptions.resolve(
+            default_job="lightning", job=job, storage=storage, service=service, local_storage=local_storage, **options
+        )
         self.checkpointer: NodeCheckpointer | None = None
         self._pending_rng: dict[str, Any] | None = None  # the restored position's generators, to put back
         self._resumed_mid_epoch = False

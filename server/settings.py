@@ -55,7 +55,7 @@ def is_local_path(root: str) -> bool:
 
 
 class Settings(BaseSettings):
-    """Everything the service reads from its environment; see docs in README "Configuration"."""
+    """Everything the service reads from its environment; docs/configuration.md lists each variable."""
 
     model_config = SettingsConfigDict(env_prefix="CKPTSTORE_", extra="ignore")
 

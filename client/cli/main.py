@@ -60,8 +60,12 @@ def build_parser() -> argparse.ArgumentParser:
     output = argparse.ArgumentParser(add_help=False)
     output.add_argument("--json", action="store_true", help="print JSON instead of text")
 
-    def add(name: str, run: Callable[[argparse.Namespace], int], help: str, *parents: argparse.ArgumentParser):
-        command = commands.add_parser(name, help=help, description=help, parents=list(parents))
+    def add(
+        name: str, run: Callable[[argparse.Namespace], int], help: str, *, offline: bool = False
+    ) -> argparse.ArgumentParser:
+        """A subcommand; it takes the service's options unless it works on storage alone (`offline`)."""
+        parents = [output] if offline else [service, output]
+        command = commands.add_parser(name, help=help, description=help, parents=parents)
         command.set_defaults(run=run)
         return command
 
@@ -74,11 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve_command.set_defaults(run=lambda args: serve(args.serve_args))
 
     jobs = add(
-        "jobs",
-        cmd_jobs,
-        "list jobs with their last good epoch and resume position; `jobs declare` declares one",
-        service,
-        output,
+        "jobs", cmd_jobs, "list jobs with their last good epoch and resume position; `jobs declare` declares one"
     )
     jobs.add_argument("--limit", type=int, default=100, help="jobs per page (default 100)")
     jobs.add_argument("--offset", type=int, default=0, help="jobs to skip")
@@ -91,13 +91,11 @@ def build_parser() -> argparse.ArgumentParser:
     declare.add_argument("--local-root", default=None, help="the nodes' local tier (a path on each node)")
     declare.add_argument("--keep-last", type=int, default=None, help="retention: newest positions kept")
 
-    epochs = add(
-        "epochs", cmd_epochs, "list a job's checkpoint records: node, position, attempt, state", service, output
-    )
+    epochs = add("epochs", cmd_epochs, "list a job's checkpoint records: node, position, attempt, state")
     epochs.add_argument("job")
     epochs.add_argument("--node", default=None, help="only this node")
 
-    last_good = add("last-good", cmd_last_good, "the last good epoch and resume position of a job", service, output)
+    last_good = add("last-good", cmd_last_good, "the last good epoch and resume position of a job")
     last_good.add_argument("job")
     last_good.add_argument("--max-epoch", type=int, default=None, help="the last good epoch at or below this one")
 
@@ -105,8 +103,6 @@ def build_parser() -> argparse.ArgumentParser:
         "verify",
         cmd_verify,
         "check every shard and tensor checksum of every node; mark corrupt records; exit 1 on corruption",
-        service,
-        output,
     )
     verify.add_argument("job")
     verify.add_argument("epoch", nargs="?", type=int, default=None, help="only this epoch (default: all)")
@@ -121,8 +117,6 @@ def build_parser() -> argparse.ArgumentParser:
         "gc",
         cmd_gc,
         "execute the job's retention plan for all nodes, plus uncommitted leftovers and superseded attempts",
-        service,
-        output,
     )
     gc.add_argument("job")
     gc.add_argument("--dry-run", action="store_true", help="list what would be deleted, delete nothing")
@@ -131,19 +125,15 @@ def build_parser() -> argparse.ArgumentParser:
         "reindex",
         cmd_reindex,
         "rebuild the service's records and attempt counters from the manifests under a storage root",
-        service,
-        output,
     )
     reindex.add_argument("root", help="storage root, e.g. s3://ckpt/runs or /data/checkpoints")
     reindex.add_argument("--check", action="store_true", help="report differences, write nothing; exit 1 if any")
 
-    copy = add("copy", cmd_copy, "copy a checkpoint or a whole job to another root, verified on arrival", output)
+    copy = add("copy", cmd_copy, "copy a checkpoint or a whole job to another root, verified on arrival", offline=True)
     copy.add_argument("src", help="<root>/<job> or <root>/<job>/<node>/<position>/<attempt>")
     copy.add_argument("dst", help="destination root (the same keys are used below it)")
 
-    watch = add(
-        "watch", cmd_watch, "follow the service's events as they happen (reconnects on its own)", service, output
-    )
+    watch = add("watch", cmd_watch, "follow the service's events as they happen (reconnects on its own)")
     watch.add_argument("job", nargs="?", default=None, help="only this job's events (default: every job's)")
     watch.add_argument("--since", type=int, default=None, help="start after this event id (default: from now on)")
     watch.add_argument("--types", default=None, help="comma-separated event types, e.g. position.good,copy.marked")
@@ -153,15 +143,13 @@ def build_parser() -> argparse.ArgumentParser:
         "diff",
         cmd_diff,
         "compare two checkpoints' fingerprints: what changed between the runs that wrote them (exit 1 if anything)",
-        service,
-        output,
     )
     diff.add_argument("job")
     diff.add_argument("a", help="a position (EPOCH or EPOCH:BATCH) or a checkpoint location")
     diff.add_argument("b", help="the other one, the same way")
     diff.add_argument("--node", default=None, help="whose copies (default: the job's only node, or any)")
 
-    inspect = add("inspect", cmd_inspect, "show a checkpoint's manifest: tensors, shapes, dtypes, sizes", output)
+    inspect = add("inspect", cmd_inspect, "show a checkpoint's manifest: tensors, shapes, dtypes, sizes", offline=True)
     inspect.add_argument("uri", help="checkpoint location, e.g. s3://ckpt/runs/mnist/worker-0/0000000005/3")
     return parser
 

@@ -1,13 +1,21 @@
-"""One node's checkpoints of one job: attempt, restore (or a fork's start), save on its tiers, replication, reports to
-the service, retention; shared by the Keras callback, the loop managers and the DCP writer and reader. Failure
-behaviour (README, "Failure behaviour"): storage failing → the save is skipped with a warning, a health report and a
-counter, training goes on (unless on_error="raise"); the local tier failing → the save goes straight to the durable
-tier; the durable tier away → local saves go on and replication retries with backoff; service away → checkpoints
-still go to storage, every report to the service waits in a background queue (training never waits for it) and is re-
-posted when it answers, and restore finds the newest intact copy on storage; fenced (a newer attempt of this node
-exists) → FencedError, whatever on_error says. Who calls whom: the node drives the writer, the reports queue, the
-replicator and the retention thread; none of them calls back into another (the replicator hands each durable copy
-back here).
+"""One node's checkpoints of one job: attempt, restore (or a fork's start), save on its tiers,
+replication, reports to the service and retention; shared by the Keras callback, the loop managers and
+the DCP writer and reader.
+
+Failure behaviour (README, "Training with ckptstore", its failure table):
+- storage failing → the save is skipped with a warning, a health report and a counter; training goes on
+  (unless on_error="raise");
+- the local tier failing → the save goes straight to the durable tier;
+- the durable tier away → local saves go on and replication retries with backoff;
+- the service away → checkpoints still go to storage, every report to the service waits in a background
+  queue (training never waits for it) and is re-posted when it answers, and restore finds the newest
+  intact copy on storage;
+- fenced (a newer attempt of this node exists) → FencedError, whatever on_error says.
+
+Who calls whom: the node drives the writer, the replicator, the retention thread and the reports queue;
+the retention thread and the node both send through the reports queue, and the replicator hands each
+durable copy back here (`_replicated`), so nothing below calls the node's methods except through the
+callbacks it was given.
 """
 
 from __future__ import annotations

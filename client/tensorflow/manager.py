@@ -77,8 +77,20 @@ class CheckpointManager(LoopManager):
     `strict=False` restores what matches and reports the rest in `restore_report`.
     """
 
-    def __init__(self, *, objects: Mapping[str, Any], options: CheckpointOptions | None = None, **settings: Any):
-        super().__init__(options=options, **settings)
+    def __init__(
+        self,
+        *,
+        objects: Mapping[str, Any],
+        options: CheckpointOptions | None = None,
+        job: str | None = None,
+        storage: str | None = None,
+        service: str | list[str] | None = None,
+        local_storage: str | None = None,
+        **settings: Any,
+    ):
+        super().__init__(
+            options=options, job=job, storage=storage, service=service, local_storage=local_storage, **settings
+        )
         self.objects = dict(objects)
         self.data: dict[str, dict[str, Any]] = {}  # data positions a wrapper describes (the Keras fit's steps)
         self.epoch_rng: dict[str, Any] | None = None  # the global RNGs as the epoch began (set by the Keras callback)

@@ -95,6 +95,10 @@ class CheckpointManager(LoopManager):
         replicated: bool = True,
         save_every: SaveEvery = None,
         save_every_seconds: float | None = None,
+        job: str | None = None,
+        storage: str | None = None,
+        service: str | list[str] | None = None,
+        local_storage: str | None = None,
         **settings: Any,
     ):
         for name, obj in objects.items():
@@ -102,7 +106,10 @@ class CheckpointManager(LoopManager):
                 raise TypeError(f"objects[{name!r}] has no state_dict/load_state_dict")
             if name in RESERVED:
                 raise ValueError(f"{name!r} names what ckptstore saves besides the objects: use another name")
-        options = options if options is not None else CheckpointOptions.resolve(**settings)
+        if options is None:
+            options = CheckpointOptions.resolve(
+                job=job, storage=storage, service=service, local_storage=local_storage, **settings
+            )
         identity = distributed_identity(replicated)
         if identity is not None:
             world = _world_size()

@@ -3,16 +3,19 @@ agreement; the job's restart history."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from collections.abc import Callable
+from typing import Annotated, TypeVar
 
 from fastapi import APIRouter, Header, Path, Query, Request
 from sqlalchemy.orm import Session
 
 from ckptstore.position import POSITION_LIMIT
+from ckptstore.server.db.models import Attempt, Job
 from ckptstore.server.deps import AgreementsDep, DbDep, JobName, NodeName, PageDep, WritesDep
 from ckptstore.server.errors import COMMON_ERRORS, error_responses
 from ckptstore.server.records import restarts, rules
 from ckptstore.server.records.agreement import WAIT_LIMIT_S
+from ckptstore.server.records.batching import WriteBatcher
 from ckptstore.server.records.writes import IDEMPOTENCY_KEY, answer_start, register_attempt
 from ckptstore.wire.schema import (
     AttemptInfo,
@@ -27,6 +30,7 @@ from ckptstore.wire.schema import (
 __all__ = ["router"]
 
 router = APIRouter(prefix="/v1/jobs/{job}", tags=["attempts"], responses=COMMON_ERRORS)
+Report = TypeVar("Report", ResumeReport, ResumeAudit)
 AttemptNumber = Annotated[int, Path(ge=1, lt=POSITION_LIMIT, description="the attempt's number")]
 IdempotencyKey = Annotated[
     str | None,
@@ -65,12 +69,8 @@ async def report_resume(
     job: JobName, node: NodeName, attempt: AttemptNumber, body: ResumeReport, writes: WritesDep
 ) -> AttemptInfo:
     """Where this attempt resumed (its part verified there) and which copies it skipped, and why."""
-
-    def report(session: Session) -> AttemptInfo:
-        row = rules.lock_job(session, job)
-        return restarts.attempt_info(row, restarts.report_resume(session, row, node, attempt, body))
-
-    return await writes.run(job, report)  # every node of a restarting job reports at once: group commit
+    # every node of a restarting job reports at once: group commit
+    return await _change_attempt(writes, job, node, attempt, body, restarts.report_resume)
 
 
 @router.put("/nodes/{node}/attempts/{attempt}/audit", response_model=AttemptInfo)
@@ -78,12 +78,24 @@ async def report_audit(
     job: JobName, node: NodeName, attempt: AttemptNumber, body: ResumeAudit, writes: WritesDep
 ) -> AttemptInfo:
     """This attempt's resume audit: the saved run's fingerprint against the live one (`resume.audited`)."""
+    return await _change_attempt(writes, job, node, attempt, body, restarts.record_audit)
 
-    def audit(session: Session) -> AttemptInfo:
+
+async def _change_attempt(
+    writes: WriteBatcher,
+    job: str,
+    node: str,
+    attempt: int,
+    body: Report,
+    change: Callable[[Session, Job, str, int, Report], Attempt],
+) -> AttemptInfo:
+    """Apply `change` to the attempt under the job's lock, in the group commit; answer the attempt."""
+
+    def run(session: Session) -> AttemptInfo:
         row = rules.lock_job(session, job)
-        return restarts.attempt_info(row, restarts.record_audit(session, row, node, attempt, body))
+        return restarts.attempt_info(row, change(session, row, node, attempt, body))
 
-    return await writes.run(job, audit)
+    return await writes.run(job, run)
 
 
 @router.get("/resume-agreement", response_model=ResumeAgreement)

@@ -1,4 +1,4 @@
-"""Presigned URLs: a node's short-lived URLs to its own objects on S3 (`ckptstore.server.presign.signer`)."""
+"""Presigned URLs: a node's short-lived URLs to its job's objects on S3 or GCS (`ckptstore.server.presign.signer`)."""
 
 from __future__ import annotations
 

@@ -230,6 +230,12 @@ class BackupAndRestore(TrainerCallback):
             self._steps_per_epoch = max(len(loader) // max(args.gradient_accumulation_steps, 1), 1)
             self._length = _length(getattr(loader, "dataset", None))
 
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """A checkpoint request (`ckptstore checkpoint-now`): the Trainer saves at this step, as if
+        `save_steps` said so, and `on_save` takes it."""
+        if self.checkpointer is not None and self.checkpointer.requested:
+            control.should_save = True
+
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """The Trainer has just written checkpoint-<global_step>: save it through ckptstore."""
         assert self.checkpointer is not None, "on_train_begin runs first"

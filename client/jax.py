@@ -125,11 +125,12 @@ class CheckpointManager(LoopManager):
         self._state = state
         return super().save(epoch, batch=batch, step=step, metrics=metrics, metadata=metadata)
 
-    def checkpoint_if_preempted(self, epoch: int, batch: int, state: Any = None) -> None:
-        """Call between batches with the current state: after a SIGTERM, save it and exit."""
+    def checkpoint_if_preempted(self, epoch: int, batch: int, state: Any = None, *, requests: bool = True) -> None:
+        """Call between batches with the current state: after a SIGTERM, save it and exit; after a
+        checkpoint request, save it and go on (`LoopManager.checkpoint_if_preempted`)."""
         if state is not None:
             self._state = state
-        super().checkpoint_if_preempted(epoch, batch)
+        super().checkpoint_if_preempted(epoch, batch, requests=requests)
 
     def _capture(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         leaves = _leaves(self._state)

@@ -178,7 +178,7 @@ class BackupAndRestore(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         done = batch + 1
-        self.manager.checkpoint_if_preempted(self._epoch, done)
+        self.manager.checkpoint_if_preempted(self._epoch, done, requests=done != self.params.get("steps"))
         if self.save_freq == "epoch" and self.manager.cadence.every_seconds is None:
             return
         # At the epoch's last batch the end-of-epoch checkpoint follows right away.

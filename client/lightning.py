@@ -119,11 +119,15 @@ class BackupAndRestore(pl.Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, index: int
     ) -> None:
         every = self.every_n_train_steps
-        if every is not None and trainer.global_step % every == 0:
+        due = every is not None and trainer.global_step % every == 0
+        # A checkpoint request (`ckptstore checkpoint-now`) is taken at the next step but an epoch's last,
+        # whose end-of-epoch save follows.
+        requested = self.checkpointer is not None and self.checkpointer.requested and not _last_batch(trainer, index)
+        if due or requested:
             self._save(trainer, Position(trainer.current_epoch, index + 1))
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self.every_n_train_steps is None:
+        if self.every_n_train_steps is None or (self.checkpointer is not None and self.checkpointer.requested):
             self._save(trainer, Position(trainer.current_epoch))
 
     def _save(self, trainer: pl.Trainer, position: Position) -> None:
@@ -211,3 +215,9 @@ def _load_when_fit_resumes(trainer: pl.Trainer, checkpoint: dict[str, Any], wher
         connector._loaded_checkpoint = checkpoint
 
     connector.resume_start = resume_start  # type: ignore[method-assign]
+
+
+def _last_batch(trainer: pl.Trainer, index: int) -> bool:
+    """Whether batch `index` is the epoch's last (Lightning knows how many an epoch has, when it can)."""
+    total = trainer.num_training_batches
+    return isinstance(total, int) and index + 1 >= total

@@ -38,6 +38,7 @@ EventType = Literal[
     "replication.lagging",
     "health.changed",
     "node.fenced",
+    "checkpoint.requested",
     "retention.deleted",
 ]
 EVENT_TYPES: tuple[str, ...] = get_args(EventType)

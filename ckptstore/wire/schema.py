@@ -18,6 +18,8 @@ from ckptstore.position import POSITION_LIMIT, Position
 from ckptstore.retention import RetentionPolicy
 
 __all__ = [
+    "CheckpointRequestBody",
+    "CheckpointRequestInfo",
     "RequestModel",
     "Name",
     "AttemptId",
@@ -336,6 +338,26 @@ class NotGood(BaseModel):
     missing: list[str]
     corrupt: list[str]
     deleted: list[str] = Field(default_factory=list)
+
+
+class CheckpointRequestBody(RequestModel):
+    """Ask every running node of a job to save at its next step (`POST …/checkpoint-requests`)."""
+
+    reason: str | None = Field(default=None, max_length=500)
+
+
+class CheckpointRequestInfo(BaseModel):
+    """A checkpoint request: the event that carries it (`id`), each expected node's newest committed
+    position when it was made (`nodes`; None: none yet), and the nodes that have not committed a newer
+    one since (`pending`). `coalesced`: this answer is an earlier request still pending, not a new one."""
+
+    id: int
+    job: str
+    requested_at: float
+    reason: str | None = None
+    nodes: dict[str, PositionBody | None]
+    pending: list[str]
+    coalesced: bool = False
 
 
 class LastGood(BaseModel):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -28,6 +29,7 @@ __all__ = [
     "cmd_gc",
     "cmd_reindex",
     "cmd_watch",
+    "cmd_checkpoint_now",
     "printable",
     "output",
     "progress_bar",
@@ -325,3 +327,26 @@ def cmd_watch(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:
             pass
     return EXIT_OK
+
+
+def cmd_checkpoint_now(args: argparse.Namespace) -> int:
+    """Ask every running node of the job to save at its next step; with --wait, until each committed."""
+    with service_client(args) as client:
+        request = client.request_checkpoint(args.job, reason=args.reason)
+        deadline = time.monotonic() + args.timeout
+        while args.wait and request.pending and time.monotonic() < deadline:
+            time.sleep(0.5)
+            request = client.latest_checkpoint_request(args.job) or request
+
+    def text() -> list[str]:
+        made = "an earlier request, still pending" if request.coalesced else "requested"
+        lines = [f"checkpoint {made} (request {request.id}) for {len(request.nodes)} node(s) of {args.job}"]
+        if args.wait:
+            done = [node for node in request.nodes if node not in request.pending]
+            lines.append(f"committed since: {', '.join(done) or '-'}")
+            if request.pending:
+                lines.append(f"not committed after {args.timeout:g} s: {', '.join(request.pending)}")
+        return lines
+
+    output(args, request.model_dump(mode="json"), text)
+    return EXIT_FAILURE if args.wait and request.pending else EXIT_OK

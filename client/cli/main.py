@@ -18,6 +18,7 @@ from ckptstore.client.cli.commands import (
     EXIT_NOT_FOUND,
     EXIT_USAGE,
     NothingFound,
+    cmd_checkpoint_now,
     cmd_epochs,
     cmd_gc,
     cmd_jobs,
@@ -148,6 +149,16 @@ def build_parser() -> argparse.ArgumentParser:
     diff.add_argument("a", help="a position (EPOCH or EPOCH:BATCH) or a checkpoint location")
     diff.add_argument("b", help="the other one, the same way")
     diff.add_argument("--node", default=None, help="whose copies (default: the job's only node, or any)")
+
+    checkpoint_now = add(
+        "checkpoint-now",
+        cmd_checkpoint_now,
+        "ask every running node of a job to save at its next step (before a drain); --wait for their commits",
+    )
+    checkpoint_now.add_argument("job")
+    checkpoint_now.add_argument("--wait", action="store_true", help="return once every node committed (exit 1 if not)")
+    checkpoint_now.add_argument("--timeout", type=float, default=300.0, help="seconds --wait waits (default 300)")
+    checkpoint_now.add_argument("--reason", default=None, help="said on every node's log line and in the event")
 
     inspect = add("inspect", cmd_inspect, "show a checkpoint's manifest: tensors, shapes, dtypes, sizes", offline=True)
     inspect.add_argument("uri", help="checkpoint location, e.g. s3://ckpt/runs/mnist/worker-0/0000000005/3")

@@ -170,9 +170,16 @@ class LoopManager:
         return saved
 
     def due(self, epoch: int, *, batch: int | None = None) -> bool:
-        """Whether a `save(epoch, batch=batch)` now would save (its cadence; not whether storage takes it)."""
-        due = self.cadence.due(Position(epoch, batch), writing=self.checkpointer.writing)
-        return self._agree(due) if self.cadence.timed else due
+        """Whether a `save(epoch, batch=batch)` now would save (its cadence, or a checkpoint request; not
+        whether storage takes it)."""
+        due = self.cadence.due(Position(epoch, batch), writing=self.checkpointer.writing) or self.checkpointer.requested
+        return self._agree(due) if self._decided_apart else due
+
+    @property
+    def _decided_apart(self) -> bool:
+        """Whether processes saving together may decide differently (a clock, the writer, or a checkpoint
+        request that reaches the writing process): then they follow its decision."""
+        return self.cadence.timed or self.checkpointer.client is not None
 
     def _save(
         self,
@@ -212,15 +219,23 @@ class LoopManager:
         """A span's attributes that say which checkpoint it is about."""
         return {"job": self.checkpointer.job, "node": self.checkpointer.node, "position": str(position)}
 
-    def checkpoint_if_preempted(self, epoch: int, batch: int) -> None:
-        """Call between batches: after a SIGTERM, save (epoch, batch) and exit as SIGTERM would."""
-        if not self.preemption.pending:
-            return
-        if self.preemption.within_budget:
-            self._save(Position(epoch, batch))
-            self.checkpointer.wait()
-        self.close()
-        self.preemption.exit()
+    def checkpoint_if_preempted(self, epoch: int, batch: int, *, requests: bool = True) -> None:
+        """Call between batches: after a SIGTERM, save (epoch, batch) and exit as SIGTERM would; after a
+        checkpoint request (`ckptstore checkpoint-now`, a drain announced ahead), save it and go on
+        (`requests=False`: not here — at an epoch's last batch, whose end-of-epoch save follows)."""
+        requested = requests and self.checkpointer.requested
+        if self._decided_apart:  # every process asks, whatever it heard: the writer's answer is everyone's
+            requested = self._agree(requested)
+        if self.preemption.pending:
+            if self.preemption.within_budget:
+                self._save(Position(epoch, batch))
+                self.checkpointer.wait()
+            self.close()
+            self.preemption.exit()
+        elif requested:
+            position = Position(epoch, batch)
+            self.cadence.saved(position)
+            self._save(position)
 
     def wait(self) -> None:
         """Block until the save in flight is committed."""

@@ -30,12 +30,14 @@ import numpy as np
 
 from ckptstore import AccessReport, CheckpointRef, CopyKey, Position, Store, tracing
 from ckptstore.client.engine.audit import said
+from ckptstore.client.engine.exit_codes import install_exit_codes
 from ckptstore.client.engine.fork import restore_fork
 from ckptstore.client.engine.fresh_start import check_resume, fresh_anyway
 from ckptstore.client.engine.identity import NodeIdentity, resolve_identity
 from ckptstore.client.engine.options import CheckpointOptions
 from ckptstore.client.engine.replication import Replicator
 from ckptstore.client.engine.reports import Reports
+from ckptstore.client.engine.requests import CheckpointRequests
 from ckptstore.client.engine.restore import NothingToRestoreError, Restorer
 from ckptstore.client.engine.retention import Retention, delete_copy, local_tier_surplus
 from ckptstore.client.engine.startup import (
@@ -75,6 +77,7 @@ class NodeCheckpointer:
         self, options: CheckpointOptions | None = None, /, *, identity: NodeIdentity | None = None, **settings: Any
     ):
         """`options` (resolved), or the same options as keyword arguments (`CheckpointOptions`)."""
+        install_exit_codes()  # a refusal that ends the process says which with its exit code
         self.options = options if options is not None else CheckpointOptions.resolve(**settings)
         self.identity = identity or resolve_identity(self.options.node)
         self.node = self.identity.checkpoint_node
@@ -95,6 +98,7 @@ class NodeCheckpointer:
             None if self.client is None else Retention(self.client, self.job, self.node, self.tiers, self.reports)
         )
         self._replicator: Replicator | None = None
+        self.requests: CheckpointRequests | None = None  # checkpoint-now, followed once registered
         if self.local_store is not None:
             self._replicator = Replicator(
                 self.local_store,
@@ -151,6 +155,9 @@ class NodeCheckpointer:
                 log.warning("service unreachable (%s): continuing with an offline attempt", exc)
         if self.attempt is None:
             self.attempt = new_offline_attempt(highest_attempt_on_storage(self.tiers, self.job, self.node))
+        if self.client is not None and self.requests is None:  # on a client of its own: a stream held open
+            own = ServiceClient(self.options.service, token=self.options.token)
+            self.requests = CheckpointRequests(own, self.job, self.node)
 
     def start(self, *, one_pass: bool = False) -> Restored | None:
         """Register, then find the newest intact copy to resume from, verified (None on a fresh job). Nothing is
@@ -237,6 +244,8 @@ class NodeCheckpointer:
         if not self.writes or not self.ready(position):
             return False
         self.saves.requested += 1
+        if self.requests is not None:
+            self.requests.done()
         finite = recordable(metrics or {})
         caller = tracing.capture()  # the write's span continues the caller's trace on the writer thread
 
@@ -250,6 +259,11 @@ class NodeCheckpointer:
         else:
             self._writer.submit(position, lambda: self._guarded(write))
         return True
+
+    @property
+    def requested(self) -> bool:
+        """Whether a checkpoint request (`ckptstore checkpoint-now`) waits for this node's next save."""
+        return self.requests is not None and self.requests.pending
 
     @property
     def writing(self) -> bool:
@@ -400,7 +414,7 @@ class NodeCheckpointer:
             summary = self.saves.summary()
             if summary is not None:
                 print(f"ckptstore: {self.job}/{self.node}: {summary}", file=sys.stderr, flush=True)
-            for worker in (self._replicator, self._retention, self.reports):
+            for worker in (self._replicator, self._retention, self.reports, self.requests):
                 if worker is not None:
                     worker.close()
             if self.client is not None:

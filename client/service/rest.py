@@ -23,7 +23,7 @@ from ckptstore.client.engine.options import check_service_url, service_url_from_
 from ckptstore.client.service.events import follow
 from ckptstore.client.service.wire import Commit, answer, batches, commit_request, raise_for
 from ckptstore.copykey import CopyKey
-from ckptstore.errors import ServiceUnavailableError
+from ckptstore.errors import CheckpointNotFoundError, ServiceUnavailableError
 from ckptstore.names import attempt_number, validate_attempt, validate_name
 from ckptstore.position import Position
 from ckptstore.report import AccessReport, CheckpointRef
@@ -34,6 +34,8 @@ from ckptstore.wire.schema import (
     AttemptInfo,
     AttemptRequest,
     CheckpointRecord,
+    CheckpointRequestBody,
+    CheckpointRequestInfo,
     CommitBatch,
     CommitOutcome,
     ForkPoint,
@@ -364,6 +366,21 @@ class ServiceClient:
         if node is not None:
             params["node"] = node
         return self._call("GET", self._job_path(job) + "/last-good-epoch", params=params, parse=LastGood.model_validate)
+
+    def request_checkpoint(self, job: str, *, reason: str | None = None) -> CheckpointRequestInfo:
+        """Ask every running node of `job` to save at its next step; an earlier request still pending is
+        answered instead (`coalesced`)."""
+        body = CheckpointRequestBody(reason=reason)
+        path = self._job_path(job) + "/checkpoint-requests"
+        return self._call("POST", path, body=body, parse=CheckpointRequestInfo.model_validate)
+
+    def latest_checkpoint_request(self, job: str) -> CheckpointRequestInfo | None:
+        """The job's newest checkpoint request and the nodes it still waits for; None when it has none."""
+        path = self._job_path(job) + "/checkpoint-requests/latest"
+        try:
+            return self._call("GET", path, parse=CheckpointRequestInfo.model_validate)
+        except CheckpointNotFoundError:
+            return None
 
     def presigned_urls(self, job: str, node: str, wanted: UrlsRequest) -> SignedUrls:
         """Short-lived URLs to the node's objects, signed by the service (`ckptstore.client.service.signed_urls`)."""

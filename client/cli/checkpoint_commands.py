@@ -1,5 +1,5 @@
-"""The CLI commands that read checkpoints themselves, on storage: `copy`, `inspect` and `diff`
-(which asks the service only where a copy of a position is)."""
+"""The CLI commands that read checkpoints themselves, on storage: `copy`, `inspect`, `diff` and
+`prestage` (the last two ask the service only where a copy of a position is)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from ckptstore.client.cli.commands import (
     service_client,
 )
 
-__all__ = ["cmd_copy", "cmd_inspect", "cmd_diff"]
+__all__ = ["cmd_copy", "cmd_inspect", "cmd_diff", "cmd_prestage"]
 
 
 def cmd_copy(args: argparse.Namespace) -> int:
@@ -115,3 +115,28 @@ def cmd_diff(args: argparse.Namespace) -> int:
         ),
     )
     return EXIT_FAILURE if found else EXIT_OK
+
+
+def cmd_prestage(args: argparse.Namespace) -> int:
+    """Stage the copy a node would resume from into a local tier root (an init container's job)."""
+    from ckptstore.client.engine.identity import resolve_identity
+    from ckptstore.client.service.operations import prestage
+
+    node = resolve_identity(args.node).checkpoint_node
+    with service_client(args) as client, progress_bar(0, "prestage") as progress:
+        staged = prestage(client, args.job, node, args.to, progress=progress)
+    if staged is None:
+        output(
+            args,
+            {"job": args.job, "node": node, "staged": None},
+            lambda: [f"{args.job}/{node}: nothing to stage: the job has no resume position yet"],
+        )
+        return EXIT_OK
+    ref = staged.destination
+    assert ref is not None
+    output(
+        args,
+        {"job": args.job, "node": node, "source": staged.source, "staged": ref.location, "bytes": ref.bytes},
+        lambda: [f"{args.job}/{node}: {staged.source} -> {ref.location} ({ref.bytes} bytes, verified)"],
+    )
+    return EXIT_OK

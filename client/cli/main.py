@@ -12,7 +12,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from ckptstore.client.cli.checkpoint_commands import cmd_copy, cmd_diff, cmd_inspect
+from ckptstore.client.cli.checkpoint_commands import cmd_copy, cmd_diff, cmd_inspect, cmd_prestage
 from ckptstore.client.cli.commands import (
     EXIT_FAILURE,
     EXIT_NOT_FOUND,
@@ -159,6 +159,17 @@ def build_parser() -> argparse.ArgumentParser:
     checkpoint_now.add_argument("--wait", action="store_true", help="return once every node committed (exit 1 if not)")
     checkpoint_now.add_argument("--timeout", type=float, default=300.0, help="seconds --wait waits (default 300)")
     checkpoint_now.add_argument("--reason", default=None, help="said on every node's log line and in the event")
+
+    prestage = add(
+        "prestage",
+        cmd_prestage,
+        "copy the checkpoint a node would resume from into a local tier, verified (an init container's step)",
+    )
+    prestage.add_argument("job")
+    prestage.add_argument(
+        "--node", default=None, help="whose copy (default: this process's node, as training names it)"
+    )
+    prestage.add_argument("--to", required=True, help="the local tier root the training then uses (local_storage=)")
 
     inspect = add("inspect", cmd_inspect, "show a checkpoint's manifest: tensors, shapes, dtypes, sizes", offline=True)
     inspect.add_argument("uri", help="checkpoint location, e.g. s3://ckpt/runs/mnist/worker-0/0000000005/3")

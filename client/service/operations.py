@@ -33,6 +33,7 @@ __all__ = [
     "reindex",
     "copy",
     "split_location",
+    "prestage",
 ]
 
 Progress = Callable[[int], object]
@@ -310,3 +311,37 @@ def copy(source: str, destination_root: str, *, progress: Progress = lambda n: N
         progress(ref.bytes)
         copied.append(Copied(src.location(key), ref))
     return copied
+
+
+# -- prestage ----------------------------------------------------------------------------------
+
+
+def prestage(
+    client: ServiceClient, job: str, node: str, local_root: str, *, progress: Progress = lambda n: None
+) -> Copied | None:
+    """Copy the copy `node` would resume from — the node's part of the job's resume position — into
+    `local_root`, a local tier root, verified on arrival: the training started next with
+    `local_storage=local_root` restores from it without reading the durable tier. None when the job has
+    no resume position, or is not declared yet (a fresh job: nothing to stage). A copy already there is kept (a no-op)."""
+    try:
+        answer = client.last_good_epoch(job, node=node)
+    except CheckpointNotFoundError:  # not declared yet: its first training declares it
+        return None
+    where = answer.nodes.get(node)
+    if answer.resume is None or where is None:
+        return None
+    # The durable copy, reachable from anywhere (a local copy lives on the disk of the node that wrote it).
+    sources = [c.location for c in where.copies if c.tier == "durable" and c.state == "committed"]
+    errors = []
+    for location in sources or [where.location]:
+        root, _, key = split_location(location)
+        if key is None:
+            continue
+        try:
+            ref = Store(local_root, tier="local").copy_from(Store(root), key)
+        except (CorruptCheckpointError, CheckpointNotFoundError) as exc:
+            errors.append(f"{location}: {exc}")
+            continue
+        progress(ref.bytes)
+        return Copied(location, ref)
+    raise CorruptCheckpointError(f"no intact copy of {job}/{node} at {answer.resume} to prestage: {'; '.join(errors)}")

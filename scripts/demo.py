@@ -22,8 +22,9 @@ import urllib.request
 JOB, EPOCHS, KILL_AT = "demo", 6, (3, 14)  # killed before epoch 3's 15th of 16 batches
 
 
-def train(service: str, storage: str, kill_at: tuple[int, int] | None) -> None:
-    """One training process (run as a child): Keras fit with ckptstore's BackupAndRestore."""
+def train(service: str, storage: str, kill_at: tuple[int, int] | None, job: str = JOB, node: str = "worker-0") -> None:
+    """One training process (run as a child, or as a container's command: deploy/): Keras fit with
+    ckptstore's BackupAndRestore."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     import keras
     import numpy as np
@@ -44,7 +45,7 @@ def train(service: str, storage: str, kill_at: tuple[int, int] | None) -> None:
     )
     model.compile(optimizer="adam", loss="mse")
     backup = BackupAndRestore(
-        service=service, storage=storage, job=JOB, node="worker-0", save_freq=4, delete_checkpoint=False
+        service=service, storage=storage, job=job, node=node, save_freq=4, delete_checkpoint=False
     )
 
     class Report(keras.callbacks.Callback):
@@ -129,7 +130,8 @@ def main() -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--train":
-        service, storage, kill = sys.argv[2], sys.argv[3], sys.argv[4]
-        train(service, storage, None if kill == "-" else tuple(int(v) for v in kill.split(",")))
+        # --train SERVICE STORAGE KILL|- [JOB [NODE]]
+        service, storage, kill, *names = sys.argv[2:]
+        train(service, storage, None if kill == "-" else tuple(int(v) for v in kill.split(",")), *names)
     else:
         main()

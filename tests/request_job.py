@@ -1,6 +1,6 @@
 """A training with no mid-epoch cadence of its own, for the checkpoint-request tests (a subprocess).
 
-    python -m tests.request_job --framework keras|torch --storage ROOT --service URL --job J
+    python -m tests.request_job --framework keras|torch --storage ROOT --service URL --job J [--node N]
 
 Keras: `BackupAndRestore` with its default `save_freq="epoch"`; PyTorch: docs/pytorch.md's loop without
 the every-500-batches save (only `checkpoint_if_preempted` between batches and `save(epoch)` at each
@@ -34,7 +34,7 @@ def run_keras(args: argparse.Namespace) -> None:
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
     model.compile(optimizer="sgd", loss="mse")
     x = np.ones((BATCHES * BATCH, 4), np.float32)
-    backup = BackupAndRestore(storage=args.storage, service=args.service, job=args.job, node="n0")
+    backup = BackupAndRestore(storage=args.storage, service=args.service, job=args.job, node=args.node)
     model.fit(x, x[:, :2], batch_size=BATCH, epochs=EPOCHS, callbacks=[Paced(), backup], verbose=0)
 
 
@@ -52,7 +52,7 @@ def run_torch(args: argparse.Namespace) -> None:
         storage=args.storage,
         service=args.service,
         job=args.job,
-        node="n0",
+        node=args.node,
     )
     start = mgr.restore_or_initialize()
     for epoch in range(start, EPOCHS):
@@ -75,6 +75,7 @@ def main() -> None:
     parser.add_argument("--storage", required=True)
     parser.add_argument("--service", required=True)
     parser.add_argument("--job", required=True)
+    parser.add_argument("--node", default="n0")
     args = parser.parse_args()
     (run_keras if args.framework == "keras" else run_torch)(args)
     print("DONE", flush=True)

@@ -143,6 +143,12 @@ class CheckpointManager(LoopManager):
         dist.gather_object((rng_state(), torch.initial_seed()), gathered, dst=0)
         self._rank_rngs = gathered
 
+    @property
+    def _decided_apart(self) -> bool:
+        """A timed cadence, or replicated state whose checkpoint requests reach rank 0 alone: the ranks
+        follow rank 0's decision. Per-rank state: each rank is a node of its own, with its own requests."""
+        return self.cadence.timed or (self.replicated and self.checkpointer.client is not None)
+
     def _agree(self, due: bool) -> bool:
         """Under torch.distributed every rank saves when rank 0 (the clock of a timed cadence) says so."""
         import torch.distributed as dist

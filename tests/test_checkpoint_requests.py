@@ -1,6 +1,6 @@
 """Checkpoints on request: `ckptstore checkpoint-now JOB --wait` against a running training with no
 mid-epoch cadence of its own commits a new mid-epoch position within seconds, and training runs on to
-rc 0 (Keras callback, PyTorch manager, real processes); requests coalesce; --wait says which nodes did
+rc 0 (the Keras, Lightning and Hugging Face callbacks and the PyTorch manager, real processes); requests coalesce; --wait says which nodes did
 not commit, with exit 1."""
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ def checkpoint_now(url: str, job: str, *extra: str) -> subprocess.CompletedProce
     )
 
 
-@pytest.mark.parametrize("framework", ["keras", "torch"])
+@pytest.mark.parametrize("framework", ["keras", "torch", "lightning", "hf"])
 def test_checkpoint_now_commits_a_mid_epoch_position_and_training_goes_on(framework, tmp_path, sqlite_service):
-    pytest.importorskip("keras" if framework == "keras" else "torch")
+    pytest.importorskip({"keras": "keras", "torch": "torch", "lightning": "lightning", "hf": "transformers"}[framework])
     job = f"now-{framework}-{uuid.uuid4().hex[:6]}"
     command = [sys.executable, "-m", "tests.request_job", "--framework", framework, "--job", job]
     command += ["--storage", sqlite_service.storage, "--service", sqlite_service.live.url]

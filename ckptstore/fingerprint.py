@@ -38,7 +38,16 @@ def verdict(found: list[str]) -> Verdict:
 
 
 def differences(saved: Mapping[str, Any], live: Mapping[str, Any]) -> list[str]:
-    """Every way the live run differs from the saved one, each named in a sentence (empty: exact)."""
+    """Every way the live run differs from the saved one, each named in a sentence (empty: exact). The
+    saved fingerprint is read from storage: untrusted input. One that does not have the shape this
+    module writes (a number as text, a list for a mapping) is drift, said so, never an exception."""
+    try:
+        return _differences(saved, live)
+    except (AttributeError, TypeError, KeyError, IndexError, ValueError) as exc:
+        return [f"checkpoint: its fingerprint is malformed ({type(exc).__name__}: {exc}), so nothing could be compared"]
+
+
+def _differences(saved: Mapping[str, Any], live: Mapping[str, Any]) -> list[str]:
     found: list[str] = []
     found += _framework(saved.get("framework", {}), live.get("framework", {}))
     found += _world(saved, live)

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import fsspec
 import httpx
 
 from ckptstore.client.engine.fork import parse_fork_point
@@ -42,9 +43,14 @@ def service_url_from_env() -> str | None:
 
 
 def check_storage_url(url: str) -> str:
-    """`url` unless it looks like a URL with a slash missing (`s3:/ckpt/jobs` would otherwise become a
-    local folder named `s3:`); ValueError in one line."""
+    """`url` unless it looks like a URL mistyped — a slash missing (`s3:/ckpt/jobs` would otherwise
+    become a local folder named `s3:`) or the colon (`s3//ckpt/jobs`, a relative folder `s3/` whose
+    name is a storage protocol's); ValueError in one line."""
     scheme = re.match(r"([A-Za-z][A-Za-z0-9+.-]+):(?!//)", url)
+    if scheme is None:
+        scheme = re.match(r"([A-Za-z][A-Za-z0-9+.-]+)//", url)
+        if scheme is not None and scheme.group(1) not in fsspec.available_protocols():
+            scheme = None
     if scheme is not None:
         raise ValueError(f"storage URL {url!r} is not a URL (did you mean '{scheme.group(1)}://…'?) nor a local path")
     return url

@@ -24,7 +24,14 @@ from ckptstore.client.service.rest import ServiceClient
 from ckptstore.errors import CheckpointNotFoundError, ServiceUnavailableError
 from ckptstore.names import Tier
 
-__all__ = ["delete_copy", "local_tier_surplus", "Retention"]
+__all__ = ["delete_copy", "local_tier_surplus", "Retention", "DELETED_BECAUSE"]
+
+# Why retention deleted a copy, as its record says (`cause` says it was retention).
+DELETED_BECAUSE = {
+    "retention": "outside the job's retention policy",
+    "superseded": "a newer attempt committed the same position",
+    "uncommitted": "never committed",
+}
 
 log = logging.getLogger("ckptstore.client")
 
@@ -87,4 +94,4 @@ class Retention:
                 continue
             copy = deletion.key(self.job)
             delete_copy(store, copy)
-            self.reports.mark(copy, "deleted", cause="retention", reason=f"retention: {deletion.reason}")
+            self.reports.mark(copy, "deleted", cause="retention", reason=DELETED_BECAUSE[deletion.reason])

@@ -252,9 +252,13 @@ def record_unknown_copies(client: ServiceClient, job: str, node: str, tiers: Map
         else:
             recorded += 1
     if recorded:
+        if recorded == 1:
+            copies, records, them = "1 checkpoint copy", "its record", "it"
+        else:
+            copies, records, them = f"{recorded} checkpoint copies", "their records", "them"
         print(
-            f"ckptstore: {job}/{node}: {recorded} checkpoint copies found on storage that the service did not know "
-            "(written while it was away) are now recorded",
+            f"ckptstore: {job}/{node}: {copies} on storage had no record in the service ({records} had not "
+            f"reached it: the process that wrote {them} ended first, or the service was away); recorded now",
             file=sys.stderr,
             flush=True,
         )

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from ckptstore import CheckpointRef, CopyKey, Store, VerifyReport
-from ckptstore.client.engine.retention import delete_copy
+from ckptstore.client.engine.retention import DELETED_BECAUSE, delete_copy
 from ckptstore.client.service.rest import ServiceClient
 from ckptstore.client.service.wire import Commit
 from ckptstore.errors import CheckpointNotFoundError, CorruptCheckpointError, FencedError
@@ -148,7 +148,7 @@ def apply_retention(
         for d in deletions:
             delete_copy(store, d.key(job))
             try:
-                client.mark(d.key(job), "deleted", cause="gc", reason=f"gc: {d.reason}")
+                client.mark(d.key(job), "deleted", cause="gc", reason=DELETED_BECAUSE[d.reason])
             except CheckpointNotFoundError:
                 pass  # a leftover only storage knew of
         for node in info.nodes:

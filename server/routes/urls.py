@@ -36,7 +36,8 @@ def presigned_urls(job: JobName, node: NodeName, body: UrlsRequest, db: DbDep, r
         raise ApiError(409, "fenced", f"attempt {attempt} of {node} is not its newest registered attempt ({newest})")
     readable = {job, *(point.job for point in ancestors)}
     settings = request.app.state.settings
-    expires_s = body.expires_s or settings.url_expiry_seconds
+    # A request may ask for a shorter life, never a longer one than the service's configured.
+    expires_s = min(body.expires_s or settings.url_expiry_seconds, settings.url_expiry_seconds)
     wanted = [(o, scope(o, job=job, node=node, attempt=attempt, readable=readable)) for o in body.objects]
     signer = request.app.state.signer
     urls = [signer.sign(row.storage_root, o, expires_s, create_only=create) for o, create in wanted]

@@ -1,0 +1,155 @@
+"""Hardening, fourth pass (issue 48): each finding with a test that fails without its fix.
+
+- URL-2: a request asks for a URL's life; it gets at most the service's configured one.
+- FP-1: a fingerprint read from storage is untrusted: a malformed one is drift, never a crash — in a
+  restore (the training goes on, or refuses under resume_check="raise") and in `ckptstore diff`.
+- Leftovers: retention's reason is said once ("retention: retention" before); `s3//ckpt/jobs` is refused
+  (it became a relative folder `s3/`).
+(D57, the start's line about copies the service had no record of: tests/test_resume_truth.py.)
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import sys
+import uuid
+
+import numpy as np
+import pytest
+
+from ckptstore import Position, Store
+from ckptstore.client import ServiceClient
+from ckptstore.fingerprint import FINGERPRINT_KEY, differences
+from ckptstore.format.layout import position_dirname
+from tests.conftest import service_settings
+from tests.live import LiveService
+
+CLI = os.path.join(os.path.dirname(sys.executable), "ckptstore")
+
+
+def test_a_url_lives_at_most_as_long_as_the_service_says(tmp_path, moto_s3):
+    options = {f"s3://{moto_s3.bucket}": moto_s3.options}
+    settings = service_settings(str(tmp_path), f"sqlite:///{tmp_path}/db", storage_options=options)
+    live = LiveService(settings.model_copy(update={"url_expiry_seconds": 60}))
+    try:
+        with live.client() as http:
+            job = f"expiry-{uuid.uuid4().hex[:6]}"
+            body = {"nodes": ["n0"], "storage_root": f"s3://{moto_s3.bucket}/{job}"}
+            assert http.put(f"/v1/jobs/{job}", json=body).status_code == 201
+            assert http.post(f"/v1/jobs/{job}/nodes/n0/attempts", json={}).status_code == 201
+            key = f"{job}/n0/{position_dirname(Position(0))}/1/x"
+            for asked, given in ((43200, 60), (30, 30), (None, 60)):
+                wanted = {"attempt": "1", "objects": [{"method": "GET", "key": key}]}
+                if asked is not None:
+                    wanted["expires_s"] = asked
+                answer = http.post(f"/v1/jobs/{job}/nodes/n0/urls", json=wanted)
+                assert answer.status_code == 200, answer.text
+                assert answer.json()["expires_s"] == given
+                assert f"X-Amz-Expires={given}&" in answer.json()["urls"][0]["url"] + "&"
+    finally:
+        live.stop()
+
+
+SAVED = {
+    "framework": {"name": "torch", "versions": {"torch": "2.13.0"}},
+    "world": {"size": 2, "rank": 0},
+    "seed": 1,
+    "rng_ranks": 2,
+    "objects": {"model": {"type": "Linear", "arrays": {"weight": "float32[2,4]"}}},
+    "data": {},
+}
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("world", "8"),
+        ("framework", "torch"),
+        ("rng_ranks", "2"),
+        ("objects", {"model": "Linear"}),
+        ("objects", ["model"]),
+        ("data", {"loader": 7}),
+        ("rank_seeds", 3),
+    ],
+)
+def test_a_malformed_fingerprint_is_drift_never_an_exception(field, value):
+    live = copy.deepcopy(SAVED) | {"data": {"loader": {"type": "DataLoader", "batch_size": 8}}}
+    saved = copy.deepcopy(SAVED) | {field: value}
+    found = differences(saved, live)
+    assert found and any("malformed" in f or field in f for f in found), found
+    assert differences(copy.deepcopy(SAVED), live) == [], "the well-formed one is exact"
+
+
+def _torch_manager(storage: str, job: str, **options):
+    import torch
+    from torch import nn
+
+    from ckptstore.client.torch import CheckpointManager
+
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    return CheckpointManager(
+        objects={"model": model, "optimizer": optimizer}, storage=storage, job=job, node="n0", **options
+    )
+
+
+def test_a_restore_from_a_copy_with_a_malformed_fingerprint_is_drift_and_diff_says_so(tmp_path, capsys):
+    pytest.importorskip("torch")
+    storage, job = str(tmp_path / "ckpt"), f"fp-{uuid.uuid4().hex[:6]}"
+    mgr = _torch_manager(storage, job, async_save=False)
+    mgr.restore_or_initialize()
+    mgr.save(0)
+    mgr.close()
+    store = Store(storage)
+    loaded = store.load(job, "n0", 0)
+    (first,) = store.manifest_keys(job, "n0")
+    metadata = dict(store.manifest(first).metadata)
+    metadata[FINGERPRINT_KEY] = dict(metadata[FINGERPRINT_KEY]) | {"world": "8", "framework": "torch"}
+    store.save(job, "n0", 1, dict(loaded), attempt="9", metadata=metadata)  # verifies: a well-formed manifest
+    warned = _torch_manager(storage, job)
+    assert warned.restore_or_initialize() == 2, "the training goes on (resume_check='warn')"
+    assert warned.audit is not None and warned.audit.verdict == "drift"
+    assert "fingerprint is malformed" in warned.audit.differences[0]
+    warned.close()
+    from ckptstore.errors import ResumeDriftError
+
+    with pytest.raises(ResumeDriftError, match="malformed"):
+        _torch_manager(storage, job, resume_check="raise").restore_or_initialize()
+    a, b = store.location(first), store.location(store.key(job, "n0", Position(1), "9"))
+    result = subprocess.run([CLI, "diff", job, a, b], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1 and "malformed" in result.stdout, (result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr
+
+
+def test_retention_says_its_reason_once(tmp_path, sqlite_service):
+    from ckptstore.client.engine.node import NodeCheckpointer
+
+    job = f"reason-{uuid.uuid4().hex[:6]}"
+    node = NodeCheckpointer(
+        storage=sqlite_service.storage, service=sqlite_service.live.url, job=job, node="n0", max_to_keep=1
+    )
+    try:
+        node.start()
+        for epoch in range(3):
+            node.save(Position(epoch), {"w": np.full(4, epoch, np.float32)})
+            node.wait()
+        node.reports.drain(timeout=30)
+    finally:
+        node.close()
+    with ServiceClient(sqlite_service.live.url) as client:
+        deleted = client.list_checkpoints(job, state="deleted")
+    assert deleted and {(r.cause, r.reason) for r in deleted} == {("retention", "outside the job's retention policy")}
+
+
+@pytest.mark.parametrize("mistyped", ["s3//ckpt/jobs", "gs//bucket/jobs", "s3:/ckpt/jobs"])
+def test_a_mistyped_storage_url_is_refused(mistyped, tmp_path, monkeypatch):
+    from ckptstore.client.engine.options import CheckpointOptions
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match="did you mean"):
+        CheckpointOptions.resolve(storage=mistyped, job="j")
+    assert not os.listdir(tmp_path), "nothing written"
+    assert CheckpointOptions.resolve(storage="runs//2026", job="j").storage == "runs//2026", "a folder of that name"

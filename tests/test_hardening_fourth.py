@@ -153,3 +153,39 @@ def test_a_mistyped_storage_url_is_refused(mistyped, tmp_path, monkeypatch):
         CheckpointOptions.resolve(storage=mistyped, job="j")
     assert not os.listdir(tmp_path), "nothing written"
     assert CheckpointOptions.resolve(storage="runs//2026", job="j").storage == "runs//2026", "a folder of that name"
+
+
+def test_a_decompression_bomb_is_found_short_before_its_claim_is_allocated():
+    """CODEC-1: an encoded blob's decoded size comes from its manifest. A small frame claiming far more
+    than it decodes to is refused having held one piece at a time; one decoding to more than its claim
+    is stopped there. Under an address-space limit below the claim it is still "corrupt" (ValueError),
+    never MemoryError (a subprocess with RLIMIT_AS at 1.5 GiB, claiming 8 GiB)."""
+    import tracemalloc
+
+    import zstandard
+
+    from ckptstore.format.codec import decode
+
+    bomb = zstandard.ZstdCompressor(level=19).compress(b"\0" * (64 << 20))
+    assert len(bomb) < 64 << 10
+    tracemalloc.start()
+    try:
+        with pytest.raises(ValueError, match="decodes to"):
+            decode(bomb, 512 << 20)
+        assert tracemalloc.get_traced_memory()[1] < 48 << 20, "at most a few pieces held, never the claim"
+    finally:
+        tracemalloc.stop()
+    with pytest.raises(ValueError, match="more than"):
+        decode(bomb, 1 << 20)
+    limited = (
+        "import resource, zstandard\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (3 << 29, 3 << 29))\n"
+        "from ckptstore.format.codec import decode\n"
+        "bomb = zstandard.ZstdCompressor(level=19, write_content_size=False).compress(bytes(16 << 20))\n"
+        "try:\n"
+        "    decode(bomb, 8 << 30)\n"
+        "except ValueError as exc:\n"
+        "    print('corrupt:', exc)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", limited], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and "corrupt: decodes to" in result.stdout, result.stdout + result.stderr

@@ -94,23 +94,74 @@ def blob_items(blob: Buffer | memoryview) -> Iterator[tuple[memoryview, int]]:
 
 
 def decode(encoded: Buffer, size: int) -> np.ndarray:
-    """The plain safetensors bytes (`size` of them, in new aligned memory) of an encoded blob.
+    """The plain safetensors bytes (`size` of them, in new aligned memory) of an encoded blob, streamed:
+    each tensor's planes are read in pieces and put in place, so decoding holds the output and one piece,
+    not a second copy. `size` comes from the manifest, untrusted: a frame that decodes to more is
+    stopped there, and one claiming far more than it holds (`SUSPECT_RATIO`) is first decoded without
+    keeping anything, so a small blob claiming gigabytes is found short before they are allocated.
     ValueError when the frame does not decode to a safetensors blob of that size."""
+    view = byte_view(encoded)
+    if size > SUSPECT_RATIO * max(len(view), 1):
+        found = _decoded_size(view, limit=size)
+        if found != size:
+            raise ValueError(f"decodes to {'more than ' if found > size else ''}{found} bytes, not {size}")
+    out = aligned_empty(size)
     try:
-        grouped_bytes = zstandard.ZstdDecompressor().decompress(byte_view(encoded), max_output_size=size)
+        with zstandard.ZstdDecompressor().stream_reader(view, read_across_frames=False) as reader:
+            _read_into(reader, out[:8])
+            (header_size,) = struct.unpack("<Q", out[:8].tobytes())
+            if header_size > min(_HEADER_LIMIT, size - 8):
+                raise ValueError(f"safetensors header of {header_size} bytes does not fit the blob")
+            _read_into(reader, out[8 : 8 + header_size])
+            offset = 0  # the header is not grouped: the plain file's layout is read from it
+            for part, itemsize in blob_items(out):
+                count = len(part)
+                if itemsize == 1:
+                    begin = max(offset, 8 + header_size)
+                    _read_into(reader, out[begin : offset + count])
+                else:
+                    for plane in range(itemsize):
+                        _read_plane(reader, out[offset + plane : offset + count : itemsize])
+                offset += count
+            if reader.read(1):
+                raise ValueError(f"decodes to more than {size} bytes")
     except zstandard.ZstdError as exc:
         raise ValueError(f"not a zstd frame: {exc}") from None
-    if len(grouped_bytes) != size:
-        raise ValueError(f"decodes to {len(grouped_bytes)} bytes, not {size}")
-    out = aligned_empty(size)
-    source = np.frombuffer(grouped_bytes, dtype=np.uint8)
-    offset = 0
-    # The header is not grouped, so the plain file's layout can be read from the decoded bytes.
-    for view, itemsize in blob_items(grouped_bytes):
-        count = len(view)
-        target = out[offset : offset + count]
-        planes = source[offset : offset + count].reshape(itemsize, -1)
-        for index in range(itemsize):
-            target[index::itemsize] = planes[index]
-        offset += count
     return out
+
+
+SUSPECT_RATIO = 64  # plain bytes per encoded byte above which a claim is checked before memory is taken
+_PIECE = 16 << 20
+
+
+def _decoded_size(view: memoryview, *, limit: int) -> int:
+    """How many bytes the frame decodes to, keeping none of them (stopping once past `limit`)."""
+    total = 0
+    try:
+        with zstandard.ZstdDecompressor().stream_reader(view, read_across_frames=False) as reader:
+            while total <= limit and (piece := reader.read(_PIECE)):
+                total += len(piece)
+    except zstandard.ZstdError as exc:
+        raise ValueError(f"not a zstd frame: {exc}") from None
+    return total
+
+
+def _read_into(reader: zstandard.ZstdDecompressionReader, target: np.ndarray) -> None:
+    """Fill `target` (contiguous) from the stream; ValueError if it ends first."""
+    done, size = 0, len(target)
+    while done < size:
+        got = reader.readinto(target[done : done + _PIECE].data)
+        if not got:
+            raise ValueError("decodes to fewer bytes than its manifest says")
+        done += got
+
+
+def _read_plane(reader: zstandard.ZstdDecompressionReader, target: np.ndarray) -> None:
+    """Fill the strided `target` (one byte of every value of a tensor) from the stream, a piece at a time."""
+    done, size = 0, len(target)
+    while done < size:
+        piece = reader.read(min(_PIECE, size - done))
+        if not piece:
+            raise ValueError("decodes to fewer bytes than its manifest says")
+        target[done : done + len(piece)] = np.frombuffer(piece, dtype=np.uint8)
+        done += len(piece)

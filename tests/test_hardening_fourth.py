@@ -189,3 +189,32 @@ def test_a_decompression_bomb_is_found_short_before_its_claim_is_allocated():
     )
     result = subprocess.run([sys.executable, "-c", limited], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and "corrupt: decodes to" in result.stdout, result.stdout + result.stderr
+
+
+def test_an_audit_is_the_newest_attempt_s_about_a_position_it_has_and_is_never_rewritten(sqlite_service):
+    """AUDIT-2: a fenced attempt cannot overwrite its drift with "exact"; an audit for a position the
+    node never had is refused; "exact" with a difference is not an audit; the same report again is a no-op."""
+
+    job = f"audit-{uuid.uuid4().hex[:6]}"
+    with ServiceClient(sqlite_service.live.url) as client, sqlite_service.live.client() as http:
+        client.put_job(job, nodes=["n0"], storage_root=sqlite_service.storage)
+        first = client.start_attempt(job, "n0")
+        store = Store(sqlite_service.storage)
+        client.commit(store.save(job, "n0", 0, {"w": np.ones(2)}, attempt=first))
+        drift = {"position": {"epoch": 0}, "verdict": "drift", "differences": ["seed: 1 → 2"]}
+        path = f"/v1/jobs/{job}/nodes/n0/attempts/{first}/audit"
+        assert http.put(path, json=drift).status_code == 200
+        assert http.put(path, json=drift).status_code == 200, "the same report again"
+        rewritten = {"position": {"epoch": 0}, "verdict": "exact", "differences": []}
+        answer = http.put(path, json=rewritten)
+        assert answer.status_code == 409 and answer.json()["error"] == "conflict", answer.text
+        lying = {"position": {"epoch": 0}, "verdict": "exact", "differences": ["seed: 1 → 2"]}
+        assert http.put(path, json=lying).status_code == 422
+        second = client.start_attempt(job, "n0")
+        fenced = http.put(path, json=rewritten)
+        assert fenced.status_code == 409 and fenced.json()["error"] == "fenced", fenced.text
+        never = {"position": {"epoch": 7, "batch": 3}, "verdict": "exact", "differences": []}
+        answer = http.put(f"/v1/jobs/{job}/nodes/n0/attempts/{second}/audit", json=never)
+        assert answer.status_code == 422 and "no checkpoint at" in answer.text, answer.text
+        attempts = {a.attempt: a for a in client.list_attempts(job)}
+        assert attempts[first].audit is not None and attempts[first].audit.verdict == "drift"

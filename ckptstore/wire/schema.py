@@ -220,6 +220,12 @@ class ResumeAudit(RequestModel):
     verdict: Literal["exact", "drift"]
     differences: list[Annotated[str, Field(max_length=1000)]] = Field(default_factory=list, max_length=200)
 
+    @model_validator(mode="after")
+    def _verdict_follows_the_differences(self) -> ResumeAudit:
+        if (self.verdict == "exact") != (not self.differences):
+            raise ValueError("an audit is exact exactly when it names no difference")
+        return self
+
 
 class AttemptInfo(BaseModel):
     job: str

@@ -182,14 +182,20 @@ def list_attempts(session: Session, job: Job, *, node: str | None, page: Page) -
     return [attempt_info(job, a) for a in session.scalars(query)]
 
 
-def report_resume(session: Session, job: Job, node: str, number: int, body: ResumeReport) -> Attempt:
-    """Record where attempt `number` of `node` resumed (after verifying its part there) and what it skipped."""
+def _newest_attempt(session: Session, job: Job, node: str, number: int) -> Attempt:
+    """Attempt `number` of `node`, if it is the node's newest (404 if unknown, 409 `fenced` if not)."""
     attempt = session.get(Attempt, (job.id, node, number))
     if attempt is None:
         raise ApiError.not_found(f"{node} has no attempt {number} in job {job.name!r}")
     newest = session.scalar(select(func.max(Attempt.number)).where(Attempt.job_id == job.id, Attempt.node == node))
     if newest is not None and newest > number:
         raise ApiError(409, "fenced", f"attempt {number} of {node} is fenced: attempt {newest} started since")
+    return attempt
+
+
+def report_resume(session: Session, job: Job, node: str, number: int, body: ResumeReport) -> Attempt:
+    """Record where attempt `number` of `node` resumed (after verifying its part there) and what it skipped."""
+    attempt = _newest_attempt(session, job, node, number)
     _set_resumed(attempt, None if body.resumed_from is None else body.resumed_from.to_position(), time.time())
     attempt.skipped = [s.model_dump(mode="json") for s in body.skipped]
     resumed = None if body.resumed_from is None else body.resumed_from.to_position()
@@ -207,11 +213,27 @@ def report_resume(session: Session, job: Job, node: str, number: int, body: Resu
 
 
 def record_audit(session: Session, job: Job, node: str, number: int, body: ResumeAudit) -> Attempt:
-    """Keep attempt `number`'s resume audit (a later report replaces it) and say it: `resume.audited`."""
-    attempt = session.get(Attempt, (job.id, node, number))
-    if attempt is None:
-        raise ApiError.not_found(f"{node} has no attempt {number} in job {job.name!r}")
-    attempt.audit = body.model_dump(mode="json")
+    """Keep attempt `number`'s resume audit and say it: `resume.audited`. Only the node's newest attempt
+    reports one (an older one is fenced), once (the same audit again changes nothing; another is a
+    conflict: a verdict is not rewritten), about a position the node has a checkpoint at."""
+    attempt = _newest_attempt(session, job, node, number)
+    audit = body.model_dump(mode="json")
+    if attempt.audit is not None:
+        if attempt.audit != audit:
+            raise ApiError(409, "conflict", f"attempt {number} of {node} already reported its resume audit")
+        return attempt
+    if body.position is not None:
+        position = body.position.to_position()
+        held = select(Checkpoint.id).where(
+            Checkpoint.job_id == job.id,
+            Checkpoint.node == node,
+            Checkpoint.epoch == position.epoch,
+            Checkpoint.batch_key == batch_key(position.batch),
+        )
+        forked_at = job.parent_epoch == position.epoch and job.parent_batch_key == batch_key(position.batch)
+        if not forked_at and session.scalar(held.limit(1)) is None:
+            raise ApiError.invalid(f"{node} has no checkpoint at {position} in job {job.name!r}: nothing to audit")
+    attempt.audit = audit
     emit(
         session,
         "resume.audited",

@@ -49,6 +49,7 @@ DATA = {  # the documented payload of each type (docs/rest.md, "Events")
     "replication.done": {"attempt"},
     "replication.lagging": {"pending", "oldest_pending_since"},
     "health.changed": {"cp_accessible", "previous", "error", "latency_ms"},
+    "checkpoint.requested": {"nodes", "reason"},
 }
 
 
@@ -88,6 +89,7 @@ def every_action(http: httpx.Client, root: str, job: str) -> None:
     assert http.post(f"/v1/jobs/{job}/nodes/n1/checkpoints/mark", json=mark).status_code == 200
     health = {"cp_accessible": False, "latency_ms": 12.5, "error": "timeout"}
     assert http.put(f"/v1/jobs/{job}/nodes/n0/health", json=health).status_code == 200
+    assert http.post(f"/v1/jobs/{job}/checkpoint-requests", json={"reason": "drain"}).status_code == 201
     assert http.delete(f"/v1/jobs/{job}").status_code == 204
 
 
@@ -113,6 +115,7 @@ EXPECTED = [
     ("copy.marked", "n0", 1),
     ("retention.deleted", "n1", 0),
     ("health.changed", "n0", None),
+    ("checkpoint.requested", None, None),
     ("job.deleted", None, None),
 ]
 

@@ -7,6 +7,7 @@ import os
 import uuid
 
 import httpx
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -100,6 +101,12 @@ def test_a_fork_declaration_is_checked(sqlite_service, job_name):
         child = f"{job_name}-child"
         fork = parse_fork_point(f"{job_name}@0")
         with httpx.Client(base_url=url) as http:
+            never = http.put(
+                f"/v1/jobs/{child}", json={"nodes": ["n0"], "parent": {"job": job_name, "position": {"epoch": 0}}}
+            )
+            assert never.status_code == 422 and "not a good position" in never.text, "a position it never had"
+            attempt = client.start_attempt(job_name, "n0")
+            client.commit(Store(sqlite_service.storage).save(job_name, "n0", 0, {"w": np.ones(2)}, attempt=attempt))
             missing = http.put(
                 f"/v1/jobs/{child}", json={"nodes": ["n0"], "parent": {"job": "nope", "position": {"epoch": 0}}}
             )

@@ -218,3 +218,103 @@ def test_an_audit_is_the_newest_attempt_s_about_a_position_it_has_and_is_never_r
         assert answer.status_code == 422 and "no checkpoint at" in answer.text, answer.text
         attempts = {a.attempt: a for a in client.list_attempts(job)}
         assert attempts[first].audit is not None and attempts[first].audit.verdict == "drift"
+
+
+def test_a_fork_needs_a_right_to_its_parent_a_good_fork_point_and_reads_only_that(tmp_path, moto_s3):
+    """FORK-1: with beta's token alone, `PUT /v1/jobs/beta` forked from alpha is 403 (it would read alpha's
+    bytes and pin alpha's retention); with alpha's token beside it (or the admin token) it is declared;
+    the fork point must be a good position of alpha; beta's URLs then reach alpha's copies at the fork
+    point and blobs by id — not alpha's other positions, nor a listing of alpha's pool."""
+    from ckptstore.format.layout import blob_key, blob_pool
+
+    tokens = {"alpha": "alpha-" + uuid.uuid4().hex, "beta": "beta-" + uuid.uuid4().hex}
+    options = {f"s3://{moto_s3.bucket}": moto_s3.options}
+    root = f"s3://{moto_s3.bucket}/fork-{uuid.uuid4().hex[:6]}"
+    settings = service_settings(
+        str(tmp_path),
+        f"sqlite:///{tmp_path}/db",
+        storage_options=options,
+        token="admin-" + uuid.uuid4().hex,
+        job_tokens=tokens,
+    )
+    live = LiveService(settings)
+    as_ = {job: {"Authorization": f"Bearer {token}"} for job, token in tokens.items()}
+    try:
+        with live.client() as http:
+            assert (
+                http.put(
+                    "/v1/jobs/alpha", json={"nodes": ["n0"], "storage_root": root}, headers=as_["alpha"]
+                ).status_code
+                == 201
+            )
+            for epoch in (1, 2):
+                assert http.post("/v1/jobs/alpha/nodes/n0/attempts", json={}, headers=as_["alpha"]).status_code == 201
+                body = {
+                    "epoch": epoch,
+                    "attempt": str(epoch),
+                    "location": f"{root}/alpha/n0/{position_dirname(Position(epoch))}/{epoch}",
+                    "bytes": 1,
+                    "checksums": {},
+                }
+                assert (
+                    http.post("/v1/jobs/alpha/nodes/n0/checkpoints", json=body, headers=as_["alpha"]).status_code == 201
+                )
+            fork = {"nodes": ["n0"], "storage_root": root, "parent": {"job": "alpha", "position": {"epoch": 1}}}
+            refused = http.put("/v1/jobs/beta", json=fork, headers=as_["beta"])
+            assert refused.status_code == 403 and "X-Ckptstore-Parent-Token" in refused.text, refused.text
+            wrong = http.put(
+                "/v1/jobs/beta", json=fork, headers=as_["beta"] | {"X-Ckptstore-Parent-Token": tokens["beta"]}
+            )
+            assert wrong.status_code == 403
+            never = fork | {"parent": {"job": "alpha", "position": {"epoch": 1, "batch": 7}}}
+            shown = as_["beta"] | {"X-Ckptstore-Parent-Token": tokens["alpha"]}
+            assert http.put("/v1/jobs/beta", json=never, headers=shown).status_code == 422, "not a good position"
+            assert http.get("/v1/jobs/alpha/gc-plan", headers=as_["alpha"]).status_code == 200
+            assert http.put("/v1/jobs/beta", json=fork, headers=shown).status_code == 201
+            assert http.post("/v1/jobs/beta/nodes/n0/attempts", json={}, headers=as_["beta"]).status_code == 201
+
+            def ask(method: str, key: str) -> int:
+                wanted = {"attempt": "1", "objects": [{"method": method, "key": key}]}
+                return http.post("/v1/jobs/beta/nodes/n0/urls", json=wanted, headers=as_["beta"]).status_code
+
+            at_fork = f"alpha/n0/{position_dirname(Position(1))}/1/MANIFEST.json"
+            later = f"alpha/n0/{position_dirname(Position(2))}/2/MANIFEST.json"
+            assert ask("GET", at_fork) == 200 and ask("LIST", f"alpha/n0/{position_dirname(Position(1))}") == 200
+            assert ask("GET", blob_key("alpha", "n0", "ab" * 16)) == 200, "a blob, by the id a manifest names"
+            assert ask("GET", later) == 403, "not alpha's other positions"
+            assert ask("LIST", blob_pool("alpha", "n0")) == 403, "nor a listing of alpha's pool"
+            assert ask("LIST", "alpha/n0") == 403
+        with ServiceClient(live.url, token=tokens["beta"]) as beta:  # the Python client sends the header
+            from ckptstore.wire.schema import ForkPoint, PositionBody
+
+            point = ForkPoint(job="alpha", position=PositionBody(epoch=1))
+            declared = beta.put_job("beta", ["n0"], storage_root=root, parent=point, parent_token=tokens["alpha"])
+            assert declared.parent is not None
+    finally:
+        live.stop()
+
+
+def test_a_fork_s_parent_is_the_job_it_was_forked_from_not_a_new_job_of_its_name(sqlite_service):
+    """FORK-2: fork beta from alpha, forget alpha, declare a new alpha: beta reads nothing of the new
+    alpha (no ancestor, no URL scope), and the new alpha's retention is not pinned by beta."""
+    from ckptstore.wire.schema import ForkPoint, PositionBody
+
+    alpha, beta = f"alpha-{uuid.uuid4().hex[:6]}", f"beta-{uuid.uuid4().hex[:6]}"
+    store = Store(sqlite_service.storage)
+    with ServiceClient(sqlite_service.live.url) as client:
+        client.put_job(alpha, ["n0"], storage_root=sqlite_service.storage)
+        client.commit(store.save(alpha, "n0", 1, {"w": np.ones(2)}, attempt=client.start_attempt(alpha, "n0")))
+        point = ForkPoint(job=alpha, position=PositionBody(epoch=1))
+        client.put_job(beta, ["n0"], storage_root=sqlite_service.storage, parent=point)
+        assert [a.job for a in client.lineage(beta).ancestors] == [alpha]
+        assert [c.job for c in client.lineage(alpha).children] == [beta]
+        client.delete_job(alpha)
+        again = f"{sqlite_service.storage}/again"  # the new alpha's own storage: its attempts start at 1 again
+        client.put_job(alpha, ["n0"], storage_root=again, retention={"keep_last": 1})
+        for epoch in (1, 2, 3):
+            attempt = client.start_attempt(alpha, "n0")
+            client.commit(Store(again).save(alpha, "n0", epoch, {"w": np.full(2, epoch)}, attempt=attempt))
+        assert client.lineage(beta).ancestors == [], "the new alpha is not beta's parent"
+        assert client.lineage(alpha).children == []
+        planned = {(d.epoch, d.batch) for d in client.retention_plan(alpha).deletions}
+        assert (1, None) in planned, "the new alpha's epoch 1 is not pinned by the old alpha's child"

@@ -126,6 +126,8 @@ class CheckpointOptions:
     fork_from: start this job from another job's checkpoint, "job@epoch" or "job@epoch.bBATCH" (default
         CKPTSTORE_FORK_FROM), while it has none of its own: each node resumes from the parent's copy of
         the same node there, and its first save writes only what changed (`ckptstore.client.engine.fork`).
+    fork_token: the parent job's token (default CKPTSTORE_FORK_TOKEN), when this job's `token` is a job
+        token: declaring a fork reads the parent's checkpoints, which a job token alone may not.
     """
 
     job: str
@@ -148,6 +150,7 @@ class CheckpointOptions:
     preemption_budget_s: float = 30.0
     restore_timeout_s: float = 600.0
     fork_from: str | None = None
+    fork_token: str | None = None
     codec: Codec | None = None
 
     @classmethod
@@ -165,6 +168,7 @@ class CheckpointOptions:
         given.setdefault("service", service_url_from_env())
         given.setdefault("token", os.environ.get("CKPTSTORE_TOKEN") or None)
         given.setdefault("fork_from", os.environ.get("CKPTSTORE_FORK_FROM") or None)
+        given.setdefault("fork_token", os.environ.get("CKPTSTORE_FORK_TOKEN") or None)
         given.setdefault("codec", os.environ.get("CKPTSTORE_CODEC") or None)
         given.setdefault("resume_check", os.environ.get("CKPTSTORE_RESUME_CHECK") or "warn")
         given.setdefault("fresh_start", _flag("CKPTSTORE_FRESH_START"))

@@ -118,6 +118,7 @@ def declare_job(
             local_root=local_root,
             retention={"keep_last": keep_last} if keep_last else None,
             parent=options.parent,
+            parent_token=options.fork_token,
         )
     changes = declaration_changes(info, options, identity, storage, local_root)
     if changes is None:
@@ -131,6 +132,7 @@ def declare_job(
         local_root=local_root,
         retention=retention,
         parent=options.parent,
+        parent_token=options.fork_token,
     )
 
 

@@ -195,13 +195,17 @@ class ServiceClient:
         local_root: str | None = None,
         retention: dict[str, Any] | None = None,
         parent: ForkPoint | None = None,
+        parent_token: str | None = None,
     ) -> JobInfo:
+        """Declare or update a job. A fork (`parent`) declared with a job token shows the right to read
+        its parent with `parent_token` (the parent's token, or the admin token)."""
         fields: dict[str, Any] = {"nodes": nodes, "storage_root": storage_root, "local_root": local_root}
         fields["parent"] = parent
         if retention is not None:
             fields["retention"] = RetentionSpec.model_validate(retention)
         spec = JobSpec.model_validate(fields)
-        return self._call("PUT", self._job_path(job), body=spec, parse=JobInfo.model_validate)
+        headers = {} if parent_token is None else {"X-Ckptstore-Parent-Token": parent_token}
+        return self._call("PUT", self._job_path(job), body=spec, parse=JobInfo.model_validate, headers=headers)
 
     def get_job(self, job: str) -> JobInfo:
         return self._call("GET", self._job_path(job), parse=JobInfo.model_validate)

@@ -107,6 +107,9 @@ class Job(Base):
     parent_job: Mapped[str | None] = mapped_column(String(128), nullable=True, index=True)  # a fork's
     parent_epoch: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     parent_batch_key: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # The parent's identity (its row's id when the fork was declared): a new job of the parent's name,
+    # declared after the parent was forgotten, is not the parent.
+    parent_id: Mapped[int | None] = mapped_column(BigInteger, nullable=True, index=True)
 
     @property
     def resume(self) -> Position | None:

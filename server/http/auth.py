@@ -95,9 +95,10 @@ class TokenAuth:
                 send, 401, "unauthorized", "a valid bearer token is required", {"WWW-Authenticate": "Bearer"}
             )
             return
-        if path == "/v1/events":  # the stream of this job's events only (server/routes/events.py)
-            scope.setdefault("state", {})["token_job"] = job
-        elif not (path == f"/v1/jobs/{job}" or path.startswith(f"/v1/jobs/{job}/")):
+        # The caller is that job's token holder: the event stream shows only its job's events
+        # (server/routes/events.py), a fork's declaration needs a right to its parent (routes/jobs.py).
+        scope.setdefault("state", {})["token_job"] = job
+        if path != "/v1/events" and not (path == f"/v1/jobs/{job}" or path.startswith(f"/v1/jobs/{job}/")):
             await send_error(send, 403, "forbidden", "this token is for another job")
             return
         await self.app(scope, receive, send)

@@ -16,7 +16,7 @@ in its settings.
 from __future__ import annotations
 
 import threading
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from ckptstore.errors import InvalidNameError
@@ -37,14 +37,17 @@ def _segments(key: str) -> list[str]:
     return parts
 
 
-def scope(wanted: UrlWanted, *, job: str, node: str, attempt: str | None, readable: Collection[str]) -> bool:
+def scope(wanted: UrlWanted, *, job: str, node: str, attempt: str | None, forked_at: Mapping[str, str]) -> bool:
     """Check that `wanted` is the node's to ask for (403 otherwise; a write without `attempt` 422);
-    whether its write is create-only."""
+    whether its write is create-only. `forked_at`: each job this one was forked from (its parent, that
+    job's parent, …) and the position folder it was forked at."""
     parts, key = _segments(wanted.key), wanted.key
     if wanted.method in ("GET", "HEAD", "LIST"):
-        if parts[0] in readable:
+        if parts[0] == job or _at_fork_point(wanted, parts, forked_at):
             return False
-        raise ApiError(403, "forbidden", f"{key!r} is not under job {job!r} or a job it was forked from")
+        raise ApiError(
+            403, "forbidden", f"{key!r} is not under job {job!r} nor a copy it was forked from (or one of its blobs)"
+        )
     if len(parts) == 4 and parts[:3] == [job, node, PROBE_DIR]:
         return False  # the node's storage probe: a throwaway object, written before any attempt
     if attempt is None:
@@ -59,11 +62,23 @@ def scope(wanted: UrlWanted, *, job: str, node: str, attempt: str | None, readab
     blob = parse_blob_key(key)
     if blob is not None and blob[:2] == (job, node):
         return True
-    if len(parts) > 4 and parts[0] in readable and _is_reference(parts, job, node):
+    if len(parts) > 4 and parts[0] in forked_at and _is_reference(parts, job, node):
         return False  # its marker in the pool of a job it was forked from
     raise ApiError(
         403, "forbidden", f"{key!r} is outside {job}/{node}'s attempt {attempt} prefix and its blob pool: not writable"
     )
+
+
+def _at_fork_point(wanted: UrlWanted, parts: list[str], forked_at: Mapping[str, str]) -> bool:
+    """A read in a job this one was forked from: its copies at the fork point (any node, any attempt),
+    or a blob of its pools by content id (the fork point's copies name theirs; an id cannot be guessed,
+    and a pool is never listed)."""
+    position = forked_at.get(parts[0])
+    if position is None:
+        return False
+    if len(parts) >= 3 and parts[2] == position:
+        return True
+    return wanted.method != "LIST" and parse_blob_key(wanted.key) is not None
 
 
 def _is_reference(parts: list[str], job: str, node: str) -> bool:

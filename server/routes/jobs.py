@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request, Response
+import hmac
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Request, Response
 from sqlalchemy import select
 
 from ckptstore.server.db.models import Job
 from ckptstore.server.deps import DbDep, JobName, PageDep, SettingsDep
-from ckptstore.server.errors import COMMON_ERRORS, error_responses
+from ckptstore.server.errors import COMMON_ERRORS, ApiError, error_responses
 from ckptstore.server.records import lineage, rules
+from ckptstore.server.settings import Settings
 from ckptstore.wire.schema import JobInfo, JobSpec, Lineage
 
 __all__ = ["router"]
@@ -17,14 +21,41 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=COMMON_ERRORS | e
 
 
 @router.put("/{job}", response_model=JobInfo, responses={201: {"model": JobInfo}})
-def put_job(job: JobName, spec: JobSpec, db: DbDep, settings: SettingsDep, response: Response) -> JobInfo:
-    """Declare a job or update it; a new node set applies to positions first written after the change."""
+def put_job(
+    job: JobName,
+    spec: JobSpec,
+    db: DbDep,
+    settings: SettingsDep,
+    request: Request,
+    response: Response,
+    parent_token: Annotated[str | None, Header(alias="X-Ckptstore-Parent-Token")] = None,
+) -> JobInfo:
+    """Declare a job or update it; a new node set applies to positions first written after the change.
+    Declaring a fork reads its parent's checkpoints: a job token must show a right to the parent too
+    (its token, or the admin token, in `X-Ckptstore-Parent-Token`)."""
+    if spec.parent is not None and getattr(request.state, "token_job", None) not in (None, spec.parent.job):
+        if not _may_read(settings, spec.parent.job, parent_token):
+            raise ApiError(
+                403,
+                "forbidden",
+                f"forking from {spec.parent.job!r} reads its checkpoints: send that job's token (or the admin "
+                "token) as X-Ckptstore-Parent-Token",
+            )
     with db.write() as session:
         row, created = rules.put_job(
             session, job, spec, default_root=settings.default_storage, allowed_roots=settings.allowed_roots
         )
         response.status_code = 201 if created else 200
         return rules.job_info(session, row)
+
+
+def _may_read(settings: Settings, job: str, token: str | None) -> bool:
+    """Whether `token` is the admin token or `job`'s own."""
+    if token is None:
+        return False
+    secrets = [settings.token] if settings.token is not None else []
+    secrets += [secret for name, secret in settings.job_tokens.items() if name == job]
+    return any(hmac.compare_digest(token.encode(), s.get_secret_value().encode()) for s in secrets)
 
 
 @router.get("", response_model=list[JobInfo])

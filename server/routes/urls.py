@@ -7,6 +7,7 @@ import time
 from fastapi import APIRouter, Request
 from sqlalchemy import func, select
 
+from ckptstore.format.layout import position_dirname
 from ckptstore.server.db.models import Attempt
 from ckptstore.server.deps import DbDep, JobName, NodeName
 from ckptstore.server.errors import COMMON_ERRORS, ApiError, error_responses
@@ -34,11 +35,11 @@ def presigned_urls(job: JobName, node: NodeName, body: UrlsRequest, db: DbDep, r
         ancestors = lineage.lineage(session, row).ancestors
     if attempt is not None and (newest is None or int(attempt) != newest):
         raise ApiError(409, "fenced", f"attempt {attempt} of {node} is not its newest registered attempt ({newest})")
-    readable = {job, *(point.job for point in ancestors)}
+    forked_at = {point.job: position_dirname(point.position.to_position()) for point in ancestors}
     settings = request.app.state.settings
     # A request may ask for a shorter life, never a longer one than the service's configured.
     expires_s = min(body.expires_s or settings.url_expiry_seconds, settings.url_expiry_seconds)
-    wanted = [(o, scope(o, job=job, node=node, attempt=attempt, readable=readable)) for o in body.objects]
+    wanted = [(o, scope(o, job=job, node=node, attempt=attempt, forked_at=forked_at)) for o in body.objects]
     signer = request.app.state.signer
     urls = [signer.sign(row.storage_root, o, expires_s, create_only=create) for o, create in wanted]
     METRICS.presigned_urls.inc(len(urls))

@@ -318,3 +318,42 @@ def test_a_fork_s_parent_is_the_job_it_was_forked_from_not_a_new_job_of_its_name
         assert client.lineage(alpha).children == []
         planned = {(d.epoch, d.batch) for d in client.retention_plan(alpha).deletions}
         assert (1, None) in planned, "the new alpha's epoch 1 is not pinned by the old alpha's child"
+
+
+def test_a_start_that_cannot_see_its_copies_waits_then_refuses_and_a_new_job_starts_at_once(moto_s3, sqlite_service):
+    """D36, D15: the durable tier does not answer at a restart. A job with checkpoints waits for it
+    (`storage_wait_s`, said) and is then refused with ResumeRefusedError — never trained from scratch
+    over copies it cannot see — unless fresh_start=True; a new job (the service holds none of its
+    checkpoints) starts at once and says so. What a start spends on the dead endpoint is bounded."""
+    import time
+
+    from ckptstore.client.engine.node import NodeCheckpointer
+    from ckptstore.errors import ResumeRefusedError
+    from tests.servers import free_port
+
+    root = f"s3://{moto_s3.bucket}/dead-{uuid.uuid4().hex[:6]}"
+    dead = {"endpoint_url": f"http://127.0.0.1:{free_port()}", "key": "testing", "secret": "testing"}
+    url, job = sqlite_service.live.url, f"unseen-{uuid.uuid4().hex[:6]}"
+    with ServiceClient(url) as client:
+        client.put_job(job, ["n0"], storage_root=root)
+        store = Store(root, storage_options=moto_s3.options)
+        client.commit(store.save(job, "n0", 0, {"w": np.ones(2)}, attempt=client.start_attempt(job, "n0")))
+
+    def start(name: str, **options) -> tuple[float, object]:
+        node = NodeCheckpointer(storage=root, storage_options=dead, service=url, job=name, node="n0", **options)
+        began = time.monotonic()
+        try:
+            return time.monotonic() - began, node.start()
+        except ResumeRefusedError as exc:
+            return time.monotonic() - began, exc
+        finally:
+            node.close()
+
+    took, refused = start(job, storage_wait_s=2)
+    assert isinstance(refused, ResumeRefusedError), refused
+    assert "cannot see its copies" in str(refused) and "fresh_start=True" in str(refused)
+    assert took < 30, f"a dead endpoint held the start {took:.0f} s"
+    took, fresh = start(job, storage_wait_s=2, fresh_start=True)
+    assert fresh is None and took < 30
+    took, new = start(f"new-{uuid.uuid4().hex[:6]}", storage_wait_s=600)
+    assert new is None and took < 30, f"a new job waited {took:.0f} s for storage it has nothing on"

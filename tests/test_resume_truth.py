@@ -162,13 +162,19 @@ def test_a_12_second_s3_outage_costs_training_at_most_two_thirds_of_its_step_rat
 
 
 @pytest.mark.s3
-def test_a_dead_endpoint_from_the_start_trains_at_full_speed_and_says_nothing_was_saved(tmp_path):
+def test_a_dead_endpoint_from_the_start_refuses_or_with_fresh_start_trains_at_full_speed(tmp_path):
+    """Storage-only, nothing can say whether copies wait there: the start waits (CKPTSTORE_STORAGE_WAIT_S)
+    and refuses (exit 79); with fresh_start it trains at full speed and says nothing was saved."""
     from tests.servers import free_port
 
     dead = {"endpoint_url": f"http://127.0.0.1:{free_port()}", "key": "x", "secret": "x"}
     dead["config_kwargs"] = {"retries": {"max_attempts": 1}, "connect_timeout": 1}
+    options = ["--storage-options", json.dumps(dead)]
+    refused, trained = counter_job(tmp_path, "s3://ckpt/dead", "dead", *options, CKPTSTORE_STORAGE_WAIT_S="1")
+    assert refused.returncode == 79 and not trained, refused.stderr[-2000:]
+    assert "cannot see its copies" in refused.stderr and "waiting up to 1 s" in refused.stderr
     started = time.monotonic()
-    result, trained = counter_job(tmp_path, "s3://ckpt/dead", "dead", "--storage-options", json.dumps(dead))
+    result, trained = counter_job(tmp_path, "s3://ckpt/dead", "dead", *options, CKPTSTORE_FRESH_START="1")
     assert result.returncode == 0 and len(trained) == 30, result.stderr[-2000:]
     assert "does not answer now" in result.stderr, "said once at start"
     assert "0 of " in result.stderr and "nothing of this run can be resumed from" in result.stderr

@@ -16,16 +16,29 @@ from typing import TYPE_CHECKING, Protocol
 
 from ckptstore import Position, Store
 from ckptstore.client.engine.options import CheckpointOptions
-from ckptstore.client.service.operations import iter_attempts
+from ckptstore.client.service.operations import iter_attempts, iter_records
 from ckptstore.client.service.rest import ServiceClient
-from ckptstore.errors import ResumeRefusedError, ServiceUnavailableError, StorageUnavailableError
+from ckptstore.errors import (
+    CheckpointNotFoundError,
+    ResumeRefusedError,
+    ServiceUnavailableError,
+    StorageUnavailableError,
+)
 from ckptstore.names import Tier
 from ckptstore.wire.schema import JobInfo, NotGood
 
 if TYPE_CHECKING:
     from ckptstore.copies import Restored
 
-__all__ = ["StartingNode", "check_resume", "refuse_fresh_start", "explain_resume", "fresh_anyway"]
+__all__ = [
+    "StartingNode",
+    "check_resume",
+    "refuse_fresh_start",
+    "explain_resume",
+    "fresh_anyway",
+    "start_without_durable",
+    "copies_unseen",
+]
 
 log = logging.getLogger("ckptstore.client")
 
@@ -116,6 +129,9 @@ class StartingNode(Protocol):
     @property
     def tiers(self) -> Mapping[Tier, Store]: ...
 
+    @property
+    def start_tiers(self) -> Mapping[Tier, Store]: ...
+
 
 def check_resume(node: StartingNode, restored: Restored | None) -> None:
     """After a node's restore: a fresh start while committed copies of its job exist is refused (unless
@@ -124,7 +140,7 @@ def check_resume(node: StartingNode, restored: Restored | None) -> None:
     if restored is None:
         expected = None if node.declared is None else node.declared.nodes
         try:
-            refuse_fresh_start(node.job, node.node, node.tiers, client, expected)
+            refuse_fresh_start(node.job, node.node, node.start_tiers, client, expected)
         except StorageUnavailableError as exc:
             if node.options.presigned and not node.options.fresh_start:  # no service, no storage: nothing known
                 raise ResumeRefusedError(
@@ -139,6 +155,50 @@ def check_resume(node: StartingNode, restored: Restored | None) -> None:
             fresh_anyway(node.job, node.node, str(exc))
     elif client is not None and node.writes:
         try:
-            explain_resume(client, node.job, node.node, restored.copy.position, node.tiers)
+            explain_resume(client, node.job, node.node, restored.copy.position, node.start_tiers)
         except (ServiceUnavailableError, StorageUnavailableError) as exc:
             log.debug("could not compare the resume position with this node's copies: %s", exc)
+
+
+def start_without_durable(node: StartingNode, error: str) -> bool:
+    """The durable tier did not answer at start: whether this start may go on at once without seeing
+    the copies there (said so): when an answering local tier holds copies of the node (restored from),
+    with `fresh_start`, or when the service says the job has no checkpoint yet (a new job). Otherwise
+    (False) the start waits for the tier, then refuses (`copies_unseen`): starting over copies it
+    cannot see would retrain the job's progress without a word."""
+    durable, local = node.tiers["durable"], node.tiers.get("local")
+    if local is not None:
+        try:
+            if any(found.committed for found in local.list_checkpoints(node.job, node.node)):
+                log.warning("%s does not answer (%s): resuming from the local tier", durable.url, error)
+                return True
+        except StorageUnavailableError:
+            pass
+    if node.options.fresh_start:
+        fresh_anyway(node.job, node.node, f"{durable.url} does not answer ({error})")
+        return True
+    if node.client is None:
+        return False
+    try:
+        new = next(iter_records(node.client, node.job), None) is None
+    except CheckpointNotFoundError:
+        new = True
+    except ServiceUnavailableError:
+        return False
+    if new:
+        print(
+            f"ckptstore: {node.job}/{node.node}: a new job (the service holds no checkpoint of it) starts while "
+            f"{durable.url} does not answer ({error}); its saves retry until it does",
+            file=sys.stderr,
+            flush=True,
+        )
+    return new
+
+
+def copies_unseen(node: StartingNode, error: str, waited_s: float) -> ResumeRefusedError:
+    """The refusal of a start whose durable tier still does not answer after `waited_s`."""
+    return ResumeRefusedError(
+        f"{node.job}/{node.node} cannot see its copies: {node.tiers['durable'].url} does not answer ({error}), "
+        f"after waiting {waited_s:g} s (storage_wait_s). Not starting from scratch over copies that may be there: "
+        "start again once it answers, or pass fresh_start=True to train from scratch"
+    )

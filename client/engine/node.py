@@ -32,7 +32,12 @@ from ckptstore import AccessReport, CheckpointRef, CopyKey, Position, Store, tra
 from ckptstore.client.engine.audit import said
 from ckptstore.client.engine.exit_codes import install_exit_codes
 from ckptstore.client.engine.fork import restore_fork
-from ckptstore.client.engine.fresh_start import check_resume, fresh_anyway
+from ckptstore.client.engine.fresh_start import (
+    check_resume,
+    copies_unseen,
+    fresh_anyway,
+    start_without_durable,
+)
 from ckptstore.client.engine.identity import NodeIdentity, resolve_identity
 from ckptstore.client.engine.options import CheckpointOptions
 from ckptstore.client.engine.replication import Replicator
@@ -46,6 +51,7 @@ from ckptstore.client.engine.startup import (
     highest_attempt_on_storage,
     probe_tiers,
     register_start,
+    wait_for_tier,
 )
 from ckptstore.client.engine.tiers import durable_tier, local_tier
 from ckptstore.client.engine.writer import SYNC_RETRY_S, BackgroundWriter, SaveCounts, write_retrying
@@ -99,6 +105,7 @@ class NodeCheckpointer:
         )
         self._replicator: Replicator | None = None
         self.requests: CheckpointRequests | None = None  # checkpoint-now, followed once registered
+        self._durable_away = False  # the durable tier did not answer at start: the start reads without it
         if self.local_store is not None:
             self._replicator = Replicator(
                 self.local_store,
@@ -133,6 +140,12 @@ class NodeCheckpointer:
         """The tiers this process reads, nearest first."""
         return {"local": self.local_store, "durable": self.store} if self.local_store else {"durable": self.store}
 
+    @property
+    def start_tiers(self) -> dict[Tier, Store]:
+        """The tiers this start reads: all of them, or all but a durable tier that did not answer at
+        start (once `start_without_durable` let the start go on), so it is not asked again and again."""
+        return {t: s for t, s in self.tiers.items() if not (t == "durable" and self._durable_away)}
+
     # -- start and restore ---------------------------------------------------------------------
 
     def register(self) -> None:
@@ -145,16 +158,30 @@ class NodeCheckpointer:
         local_root = None if self.local_store is None else self.local_store.url
         if self.options.presigned and self.client is not None and self.declared is None:
             self.declared = declare_first(self.client, self.options, self.identity, self.store.url, local_root)
-        probe_tiers(self.tiers)
+        silent = probe_tiers(self.tiers)
+        if "durable" in silent:
+            if start_without_durable(self, silent["durable"]):
+                self._durable_away = True
+            else:  # its copies are needed: wait for the tier (bounded), then refuse
+                wait_s = self.options.storage_wait_s
+                still = wait_for_tier(self.store, self.job, self.node, wait_s=wait_s, error=silent["durable"])
+                if still is not None:
+                    raise copies_unseen(self, still, wait_s)
         if self.client is not None:
             try:
                 self.declared, self.attempt, self._answered = register_start(
-                    self.client, self.options, self.identity, self.declared, self.tiers, local_root
+                    self.client,
+                    self.options,
+                    self.identity,
+                    self.declared,
+                    self.store.url,
+                    self.start_tiers,
+                    local_root,
                 )
             except ServiceUnavailableError as exc:
                 log.warning("service unreachable (%s): continuing with an offline attempt", exc)
         if self.attempt is None:
-            self.attempt = new_offline_attempt(highest_attempt_on_storage(self.tiers, self.job, self.node))
+            self.attempt = new_offline_attempt(highest_attempt_on_storage(self.start_tiers, self.job, self.node))
         if self.client is not None and self.requests is None:  # on a client of its own: a stream held open
             own = ServiceClient(self.options.service, token=self.options.token)
             self.requests = CheckpointRequests(own, self.job, self.node)
@@ -169,7 +196,7 @@ class NodeCheckpointer:
         self._restorer = restorer = Restorer(
             job=self.job,
             node=self.node,
-            tiers=self.tiers,
+            tiers=self.start_tiers,
             client=self.client,
             attempt=self.attempt if self.writes else None,
             timeout_s=self.options.restore_timeout_s,

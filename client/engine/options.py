@@ -118,6 +118,11 @@ class CheckpointOptions:
         save (async_save=False) holds training, so it retries 10 s at most.
     preemption_budget_s: how long a SIGTERM may take to checkpoint before the process exits.
     restore_timeout_s: how long a restore waits for every node of the job to verify the same position.
+    storage_wait_s: how long a start waits for a durable tier that does not answer before it decides
+        (default CKPTSTORE_STORAGE_WAIT_S, else 60 s):
+        a job with checkpoints (or one the service cannot vouch for) is then refused with
+        ResumeRefusedError rather than started over copies it cannot see (unless `fresh_start`); a new
+        job starts and says so; copies on an answering local tier are resumed from.
     codec: store the durable tier's blobs encoded, "bytegroup-zstd" (default CKPTSTORE_CODEC; None: plain
         safetensors): lossless, about 1.46× smaller bf16 weights and 1.19× fp32 optimizer moments, at
         about 0.3 GB/s a stream to encode here — worth it only where the durable tier is slower than
@@ -149,6 +154,7 @@ class CheckpointOptions:
     save_timeout_s: float = 120.0
     preemption_budget_s: float = 30.0
     restore_timeout_s: float = 600.0
+    storage_wait_s: float = 60.0
     fork_from: str | None = None
     fork_token: str | None = None
     codec: Codec | None = None
@@ -173,6 +179,8 @@ class CheckpointOptions:
         given.setdefault("resume_check", os.environ.get("CKPTSTORE_RESUME_CHECK") or "warn")
         given.setdefault("fresh_start", _flag("CKPTSTORE_FRESH_START"))
         given.setdefault("presigned", _flag("CKPTSTORE_PRESIGNED"))
+        if os.environ.get("CKPTSTORE_STORAGE_WAIT_S"):
+            given.setdefault("storage_wait_s", float(os.environ["CKPTSTORE_STORAGE_WAIT_S"]))
         if not given["job"]:
             raise ValueError("no job: pass job= or set CKPTSTORE_JOB")
         if not given["storage"]:
@@ -222,8 +230,10 @@ class CheckpointOptions:
             isinstance(self.max_to_keep, bool) or not isinstance(self.max_to_keep, int) or self.max_to_keep < 1
         ):
             raise ValueError(f"max_to_keep must be a positive integer or None, got {self.max_to_keep!r}")
-        if self.preemption_budget_s < 0 or self.restore_timeout_s < 0 or self.save_timeout_s < 0:
-            raise ValueError("preemption_budget_s, restore_timeout_s and save_timeout_s must not be negative")
+        if min(self.preemption_budget_s, self.restore_timeout_s, self.save_timeout_s, self.storage_wait_s) < 0:
+            raise ValueError(
+                "preemption_budget_s, restore_timeout_s, save_timeout_s and storage_wait_s must not be negative"
+            )
         if isinstance(self.local_max_to_keep, bool) or not isinstance(self.local_max_to_keep, int):
             raise ValueError(f"local_max_to_keep must be a positive integer, got {self.local_max_to_keep!r}")
         if self.local_max_to_keep < 1:

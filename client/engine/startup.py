@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 from collections.abc import Mapping
 
 from pydantic import ValidationError
@@ -51,12 +52,16 @@ __all__ = [
     "register_start",
     "start_in_one_request",
     "probe_tiers",
+    "wait_for_tier",
+    "PROBE_TIMEOUT_S",
     "record_unknown_copies",
     "same_root",
     "highest_attempt_on_storage",
 ]
 
 log = logging.getLogger("ckptstore.client")
+PROBE_TIMEOUT_S = 10.0  # a start's probe of one tier: an endpoint that does not answer costs this, not minutes
+WAIT_STEP_S = 5.0
 _FIX = {
     "denied": "check the credentials this process uses (AWS_ACCESS_KEY_ID / AWS_PROFILE, "
     "GOOGLE_APPLICATION_CREDENTIALS, storage_options) and the bucket's permissions",
@@ -171,6 +176,7 @@ def register_start(
     options: CheckpointOptions,
     identity: NodeIdentity,
     known: JobInfo | None,
+    durable: str,
     tiers: Mapping[Tier, Store],
     local_root: str | None,
 ) -> tuple[JobInfo, str, LastGood | None]:
@@ -178,8 +184,8 @@ def register_start(
     node's part of the last-good answer when the start took one request (`start_in_one_request`: the
     job is declared as this process would declare it — `known`, read at construction — so nothing has
     to change first); else the long way — declare or check the job, record the node's unknown copies,
-    register."""
-    node, durable = identity.checkpoint_node, tiers["durable"].url
+    register. `durable`: the durable tier's root; `tiers`: the tiers this start reads."""
+    node = identity.checkpoint_node
     if known is not None and declaration_changes(known, options, identity, durable, local_root) is None:
         started = start_in_one_request(client, known, node, tiers)
         if started is not None and started.attempt is not None:
@@ -211,11 +217,13 @@ def start_in_one_request(
     return started
 
 
-def probe_tiers(tiers: Mapping[Tier, Store]) -> None:
+def probe_tiers(tiers: Mapping[Tier, Store]) -> dict[Tier, str]:
     """Write, read and delete a probe on every tier: raise ConfigurationError for a permanent failure,
-    warn once for a transient one (saves will retry, training goes on)."""
+    warn once for a transient one (saves will retry, training goes on). Returns the tiers that did
+    not answer, with why."""
+    silent: dict[Tier, str] = {}
     for tier, store in tiers.items():
-        report = store.accessible(timeout=30)
+        report = store.accessible(timeout=PROBE_TIMEOUT_S)
         if report.ok:
             continue
         if report.permanent:
@@ -229,6 +237,30 @@ def probe_tiers(tiers: Mapping[Tier, Store]) -> None:
             store.url,
             report.error,
         )
+        silent[tier] = report.error or "no answer"
+    return silent
+
+
+def wait_for_tier(store: Store, job: str, node: str, *, wait_s: float, error: str) -> str | None:
+    """Probe a tier that did not answer again, every few seconds, for at most `wait_s` (said once): None
+    once it answers, else why it still does not."""
+    if wait_s <= 0:
+        return error
+    print(
+        f"ckptstore: {job}/{node}: {store.url} does not answer ({error}); waiting up to {wait_s:g} s for it "
+        "before deciding where to resume",
+        file=sys.stderr,
+        flush=True,
+    )
+    deadline = time.monotonic() + wait_s
+    while (left := deadline - time.monotonic()) > 0:
+        time.sleep(min(WAIT_STEP_S, left))
+        report = store.accessible(timeout=min(PROBE_TIMEOUT_S, max(left, 1.0)))
+        if report.ok:
+            print(f"ckptstore: {job}/{node}: {store.url} answers again", file=sys.stderr, flush=True)
+            return None
+        error = report.error or error
+    return error
 
 
 def record_unknown_copies(client: ServiceClient, job: str, node: str, tiers: Mapping[Tier, Store]) -> int:

@@ -15,7 +15,12 @@ __all__ = ["router"]
 router = APIRouter(prefix="/v1/jobs/{job}", tags=["checkpoint requests"], responses=COMMON_ERRORS)
 
 
-@router.post("/checkpoint-requests", response_model=CheckpointRequestInfo, status_code=201)
+@router.post(
+    "/checkpoint-requests",
+    response_model=CheckpointRequestInfo,
+    status_code=201,
+    responses={200: {"model": CheckpointRequestInfo, "description": "an earlier request, still pending (coalesced)"}},
+)
 def request_checkpoint(
     job: JobName, body: CheckpointRequestBody, db: DbDep, response: Response
 ) -> CheckpointRequestInfo:

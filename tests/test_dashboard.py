@@ -63,6 +63,8 @@ def seed(url: str, root: str, token: str | None = None) -> None:
         client.put_job(
             "demo-lr", ["n0"], storage_root=root, parent=ForkPoint(job="demo", position=PositionBody(epoch=3))
         )
+        # demo-lr-2 forks demo-lr at 1.b20: a good position of demo-lr (a fork starts from one)
+        commit(url, token, root, "demo-lr", "n0", Position(1, 20), client.start_attempt("demo-lr", "n0"))
         client.put_job(
             "demo-lr-2",
             ["n0"],

@@ -333,6 +333,7 @@ def test_a_start_that_cannot_see_its_copies_waits_then_refuses_and_a_new_job_sta
 
     root = f"s3://{moto_s3.bucket}/dead-{uuid.uuid4().hex[:6]}"
     dead = {"endpoint_url": f"http://127.0.0.1:{free_port()}", "key": "testing", "secret": "testing"}
+    dead["config_kwargs"] = {"retries": {"max_attempts": 1}, "connect_timeout": 1}
     url, job = sqlite_service.live.url, f"unseen-{uuid.uuid4().hex[:6]}"
     with ServiceClient(url) as client:
         client.put_job(job, ["n0"], storage_root=root)

@@ -398,6 +398,7 @@ def test_with_the_service_away_a_start_refuses_rather_than_train_from_scratch(mo
     from ckptstore.errors import ResumeRefusedError
 
     away, storage = f"http://127.0.0.1:{free_port()}", f"s3://{moto_s3.bucket}/away-{uuid.uuid4().hex[:6]}"
-    manager = presigned_manager(away, storage, f"away-{uuid.uuid4().hex[:6]}", torch.nn.Linear(4, 4))
+    job = f"away-{uuid.uuid4().hex[:6]}"
+    manager = presigned_manager(away, storage, job, torch.nn.Linear(4, 4), storage_wait_s=1)
     with pytest.raises(ResumeRefusedError, match="neither answers now"):
         manager.restore_or_initialize()

@@ -197,8 +197,9 @@ def start_without_durable(node: StartingNode, error: str) -> bool:
 
 def copies_unseen(node: StartingNode, error: str, waited_s: float) -> ResumeRefusedError:
     """The refusal of a start whose durable tier still does not answer after `waited_s`."""
+    through = " (reached through URLs the service signs: neither answers now)" if node.options.presigned else ""
     return ResumeRefusedError(
-        f"{node.job}/{node.node} cannot see its copies: {node.tiers['durable'].url} does not answer ({error}), "
-        f"after waiting {waited_s:g} s (storage_wait_s). Not starting from scratch over copies that may be there: "
-        "start again once it answers, or pass fresh_start=True to train from scratch"
+        f"{node.job}/{node.node} cannot see its copies: {node.tiers['durable'].url}{through} does not answer "
+        f"({error}), after waiting {waited_s:g} s (storage_wait_s). Not starting from scratch over copies that may "
+        "be there: start again once it answers, or pass fresh_start=True to train from scratch"
     )

@@ -275,6 +275,7 @@ def commits(http, root: str, job: str, count: int) -> None:
         assert http.post(f"/v1/jobs/{job}/checkpoints/batch", json={"commits": batch}).status_code == 200
 
 
+@pytest.mark.slow
 def test_events_a_webhook_was_not_given_stay_past_the_window_and_past_its_bound_fail_with_a_reason(tmp_path):
     from tests.live import LiveService, wait_for
 

@@ -129,6 +129,7 @@ def steps_per_second(trained: list, start: float, end: float) -> float:
     return sum(start <= t < end for _, _, t in trained) / (end - start)
 
 
+@pytest.mark.slow
 @pytest.mark.s3
 def test_a_12_second_s3_outage_costs_training_at_most_two_thirds_of_its_step_rate(tmp_path, moto_s3):
     proxy = FaultProxy(moto_s3.endpoint_url)

@@ -45,6 +45,7 @@ def test_saves_and_restores_succeed_verified_through_up_to_30_percent_faults(mot
     assert (sum(proxy.injected.values()) > 0) == (rate > 0), proxy.injected
 
 
+@pytest.mark.slow
 def test_at_90_percent_every_save_commits_verified_or_fails_cleanly(moto_s3, proxy):
     faulty, direct = stores(moto_s3, proxy)
     proxy.rate = 0.9

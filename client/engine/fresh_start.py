@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from ckptstore import Position, Store
 from ckptstore.client.engine.options import CheckpointOptions
-from ckptstore.client.service.operations import iter_attempts, iter_records
+from ckptstore.client.service.operations import iter_attempts
 from ckptstore.client.service.rest import ServiceClient
 from ckptstore.errors import (
     CheckpointNotFoundError,
@@ -170,7 +170,12 @@ def start_without_durable(node: StartingNode, error: str) -> bool:
     if local is not None:
         try:
             if any(found.committed for found in local.list_checkpoints(node.job, node.node)):
-                log.warning("%s does not answer (%s): resuming from the local tier", durable.url, error)
+                print(
+                    f"ckptstore: {node.job}/{node.node}: {durable.url} does not answer ({error}): resuming from the "
+                    "local tier; replication retries until it answers",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 return True
         except StorageUnavailableError:
             pass
@@ -180,7 +185,7 @@ def start_without_durable(node: StartingNode, error: str) -> bool:
     if node.client is None:
         return False
     try:
-        new = next(iter_records(node.client, node.job), None) is None
+        new = not node.client.list_checkpoints(node.job, limit=1)
     except CheckpointNotFoundError:
         new = True
     except ServiceUnavailableError:

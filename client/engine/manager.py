@@ -56,6 +56,7 @@ class LoopManager:
         self.audit: ResumeAudit | None = None  # the last restore's resume audit (None: none, or resume_check="off")
         self.preemption = PreemptionNotice(self.options.preemption_budget_s)
         self._staging: dict[str, np.ndarray] = {}  # host buffers an async save writes from, reused
+        self._between_batches = 0  # checkpoint_if_preempted calls, the same count on every process
 
     # -- what a framework manager provides ------------------------------------------------------
 
@@ -79,6 +80,11 @@ class LoopManager:
 
     def _started(self) -> None:
         """Called once the start is over (restored or fresh)."""
+
+    @property
+    def _request_agreed_every(self) -> int:
+        """Between-batch calls per agreement on a checkpoint request: 1, unless agreeing is a collective."""
+        return 1
 
     def _agree(self, due: bool) -> bool:
         """Whether the processes that save together save now, from this one's `due` (a timed cadence
@@ -225,7 +231,9 @@ class LoopManager:
         (`requests=False`: not here — at an epoch's last batch, whose end-of-epoch save follows)."""
         requested = requests and self.checkpointer.requested
         if self._decided_apart:  # every process asks, whatever it heard: the writer's answer is everyone's
-            requested = self._agree(requested)
+            self._between_batches += 1
+            agreeing = self._between_batches % self._request_agreed_every == 0
+            requested = self._agree(requested) if agreeing else False
         if self.preemption.pending:
             if self.preemption.within_budget:
                 self._save(Position(epoch, batch))

@@ -149,6 +149,12 @@ class CheckpointManager(LoopManager):
         follow rank 0's decision. Per-rank state: each rank is a node of its own, with its own requests."""
         return self.cadence.timed or (self.replicated and self.checkpointer.client is not None)
 
+    @property
+    def _request_agreed_every(self) -> int:
+        """Under torch.distributed, agreeing is a broadcast (~0.7 ms on 2 gloo ranks here): a checkpoint
+        request is agreed on every 16th batch, so it costs training ~1/16 of that per batch."""
+        return 16 if self._world()[0] > 1 else 1
+
     def _agree(self, due: bool) -> bool:
         """Under torch.distributed every rank saves when rank 0 (the clock of a timed cadence) says so."""
         import torch.distributed as dist

@@ -66,6 +66,10 @@ def test_requests_coalesce_and_wait_names_the_nodes_that_did_not_commit(sqlite_s
         assert latest is not None and latest.id == first.id and latest.reason == "maintenance"
         events = list(_take(client.events(job, after=0, types=["checkpoint.requested"]), 1))
         assert events[0].id == first.id and events[0].data["reason"] == "maintenance"
+        client.delete_job(job)  # a new job of the same name inherits no request
+        client.put_job(job, nodes=["a"], storage_root=sqlite_service.storage)
+        assert client.latest_checkpoint_request(job) is None
+        assert not client.request_checkpoint(job).coalesced
 
 
 def test_a_job_without_requests_answers_none_and_an_answered_request_makes_way_for_a_new_one(sqlite_service):

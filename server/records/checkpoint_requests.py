@@ -68,10 +68,11 @@ def _info(session: Session, job: Job, row: EventRow, *, coalesced: bool = False)
 
 
 def newest_request(session: Session, job: Job, *, coalesced: bool = False) -> CheckpointRequestInfo | None:
-    """The job's newest checkpoint request and which nodes it still waits for; None if it has none."""
+    """The job's newest checkpoint request and which nodes it still waits for; None if it has none (a
+    request to an earlier job of the same name, forgotten since, is not this job's)."""
     row = session.scalars(
         select(EventRow)
-        .where(EventRow.job == job.name, EventRow.type == REQUESTED)
+        .where(EventRow.job == job.name, EventRow.type == REQUESTED, EventRow.time >= job.created_at)
         .order_by(EventRow.id.desc())
         .limit(1)
     ).first()

@@ -1,47 +1,140 @@
-"""Operations advice: goodput and the Young/Daly interval from a job's own records — computed from
-histories whose answers are known (no failure yet, one, clustered ones, several nodes, a restart
-from scratch), then through the service (`GET /v1/jobs/{job}/advice`) from what real clients report."""
+"""Operations advice: goodput and the Young/Daly interval from a job's own records — histories whose
+answers are known (no failure yet, one, clustered ones, several nodes, a restart from scratch) written
+into a real database and summed by it, then through the service (`GET /v1/jobs/{job}/advice`) from
+what real clients report; what one request reads stays the same as the history grows."""
 
 from __future__ import annotations
 
 import math
+import sqlite3
 
 import pytest
+from sqlalchemy import create_engine, insert
+from sqlalchemy.orm import Session
 
-from ckptstore.server.records.advice import Progress, Start, Timing, advise, goodput_over_time, usage_of
+from ckptstore.server.db.migrate import migrate
+from ckptstore.server.db.models import Attempt, Checkpoint, Job, Stat
+from ckptstore.server.records.advice import COST_SAMPLE, PLOT_POINTS, job_advice, job_goodput
+
+BATCH_KEY_END = 10**10  # an epoch-end position's batch key
 
 
-def steady_progress(until: float) -> list[Progress]:
-    return [Progress(at, int(at)) for at in (500.0, until)]  # one step a second
+class CountingCursor(sqlite3.Cursor):
+    """Counts the rows every query hands back from the database."""
+
+    rows = 0
+
+    def fetchone(self):
+        row = super().fetchone()
+        CountingCursor.rows += row is not None
+        return row
+
+    def fetchmany(self, *args, **kwargs):
+        rows = super().fetchmany(*args, **kwargs)
+        CountingCursor.rows += len(rows)
+        return rows
+
+    def fetchall(self):
+        rows = super().fetchall()
+        CountingCursor.rows += len(rows)
+        return rows
 
 
-def test_no_failure_yet_gives_goodput_and_no_interval():
-    advice = advise(
-        "j", [Start("n0", 1, 0.0, None)], steady_progress(1000.0), usage_of([Timing("n0", "blocked", 2.0, 0.0)] * 10)
-    )
+class CountingConnection(sqlite3.Connection):
+    def cursor(self, factory=CountingCursor):
+        return super().cursor(factory)
+
+
+class History:
+    """One job's starts, commits and timings in a SQLite database, as the service records them."""
+
+    def __init__(self, path):
+        migrate(f"sqlite:///{path}/advice.sqlite")
+        self.engine = create_engine(
+            "sqlite://", creator=lambda: sqlite3.connect(f"{path}/advice.sqlite", factory=CountingConnection)
+        )
+        self.session = Session(self.engine)
+        self.job = Job(name="j", storage_root="/s", retention={}, created_at=0.0, updated_at=0.0)
+        self.session.add(self.job)
+        self.session.flush()
+        self.epochs = 0
+
+    def commit(self, at: float, step: int | None = None, node: str = "n0") -> int:
+        """A committed copy at a new epoch; its epoch."""
+        self.epochs += 1
+        self.session.add(
+            Checkpoint(
+                job_id=self.job.id, node=node, epoch=self.epochs, batch_key=BATCH_KEY_END, attempt="1",
+                attempt_number=1, step=step, location="x", bytes=1, checksums={}, metrics={}, created_at=at,
+            )
+        )  # fmt: skip
+        return self.epochs
+
+    def start(self, node: str, number: int, at: float, resumed_copy_at: float | None = None) -> None:
+        """A process start; `resumed_copy_at`: it resumed from a copy committed then."""
+        epoch = None if resumed_copy_at is None else self.commit(resumed_copy_at)
+        self.session.add(
+            Attempt(
+                job_id=self.job.id, node=node, number=number, started_at=at, skipped=[],
+                resumed_epoch=epoch, resumed_batch_key=None if epoch is None else BATCH_KEY_END,
+            )
+        )  # fmt: skip
+
+    def steady_progress(self, until: float) -> None:
+        for at in (500.0, until):  # one step a second
+            self.commit(at, step=int(at))
+
+    def timing(self, node: str, action: str, seconds: float, at: float = 0.0) -> None:
+        self.session.add(Stat(job_id=self.job.id, node=node, action=action, seconds=seconds, created_at=at))
+
+    def advice(self):
+        self.session.flush()
+        return job_advice(self.session, self.job)
+
+
+@pytest.fixture
+def history(tmp_path):
+    history = History(tmp_path)
+    yield history
+    history.session.close()
+    history.engine.dispose()
+
+
+def test_no_failure_yet_gives_goodput_and_no_interval(history):
+    history.start("n0", 1, 0.0)
+    history.steady_progress(1000.0)
+    for _ in range(10):
+        history.timing("n0", "blocked", 2.0)
+    advice = history.advice()
     assert advice.wall_seconds == 1000 and advice.lost_seconds == 0 and advice.blocked_seconds == 20
     assert advice.goodput == pytest.approx(0.98)
     assert advice.failures == 0 and advice.mtbf_seconds is None and advice.interval_seconds is None
     assert advice.interval_steps is None and "no interval until" in advice.note
 
 
-def test_one_failure_counts_the_work_redone_but_gives_no_interval():
-    starts = [Start("n0", 1, 0.0, None), Start("n0", 2, 600.0, 500.0)]
-    advice = advise("j", starts, steady_progress(1000.0), usage_of([Timing("n0", "blocked", 1.0, 0.0)]))
+def test_one_failure_counts_the_work_redone_but_gives_no_interval(history):
+    history.start("n0", 1, 0.0)
+    history.start("n0", 2, 600.0, resumed_copy_at=500.0)
+    history.steady_progress(1000.0)
+    history.timing("n0", "blocked", 1.0)
+    advice = history.advice()
     assert advice.lost_seconds == 100 and advice.failures == 1
     assert advice.goodput == pytest.approx((1000 - 100 - 1) / 1000)
     assert advice.mtbf_seconds is None and advice.interval_seconds is None
 
 
-def test_clustered_failures_give_the_young_daly_interval_in_seconds_and_steps():
-    starts = [
-        Start("n0", 1, 0.0, None),
-        Start("n0", 2, 1000.0, 900.0),  # 100 s redone
-        Start("n0", 3, 1100.0, 1050.0),  # 50 s
-        Start("n0", 4, 1200.0, 1050.0),  # 150 s: it resumed from the same copy again
-    ]
-    timings = [Timing("n0", "blocked", s, 0.0) for s in (2.0, 2.0, 4.0)] + [Timing("n0", "restore", 1.0, 0.0)] * 3
-    advice = advise("j", starts, steady_progress(3000.0), usage_of(timings))
+def test_clustered_failures_give_the_young_daly_interval_in_seconds_and_steps(history):
+    history.start("n0", 1, 0.0)
+    history.start("n0", 2, 1000.0, resumed_copy_at=900.0)  # 100 s redone
+    history.start("n0", 3, 1100.0, resumed_copy_at=1050.0)  # 50 s
+    history.start("n0", 4, 1200.0)  # 150 s: it resumed from the same copy again
+    history.session.query(Attempt).filter_by(number=4).update({"resumed_epoch": 2, "resumed_batch_key": BATCH_KEY_END})
+    history.steady_progress(3000.0)
+    for seconds in (2.0, 2.0, 4.0):
+        history.timing("n0", "blocked", seconds)
+    for _ in range(3):
+        history.timing("n0", "restore", 1.0)
+    advice = history.advice()
     assert advice.lost_seconds == 300 and advice.failures == 3 and advice.blocked_seconds == 8 + 3
     assert advice.mtbf_seconds == 1000 and advice.save_cost_seconds == 2
     assert advice.interval_seconds == pytest.approx(math.sqrt(2 * 2 * 1000))
@@ -50,34 +143,98 @@ def test_clustered_failures_give_the_young_daly_interval_in_seconds_and_steps():
     assert "rough estimate" in advice.note
 
 
-def test_several_nodes_count_the_node_that_lost_and_waited_most_and_a_restart_from_scratch_loses_it_all():
-    starts = [Start("a", 1, 0.0, None), Start("a", 2, 400.0, 350.0), Start("b", 1, 10.0, None)]
-    starts += [Start("b", 2, 400.0, None)]  # b found nothing to resume from: everything since its start redone
-    timings = [Timing("a", "blocked", 5.0, 0.0), Timing("b", "blocked", 1.0, 0.0), Timing("b", "restore", 2.0, 0.0)]
-    advice = advise("j", starts, steady_progress(1000.0), usage_of(timings))
+def test_several_nodes_count_the_node_that_lost_and_waited_most_and_a_restart_from_scratch_loses_it_all(history):
+    history.start("a", 1, 0.0)
+    history.start("a", 2, 400.0, resumed_copy_at=350.0)
+    history.start("b", 1, 10.0)
+    history.start("b", 2, 400.0)  # b found nothing to resume from: everything since its start redone
+    history.steady_progress(1000.0)
+    history.timing("a", "blocked", 5.0)
+    history.timing("b", "blocked", 1.0)
+    history.timing("b", "restore", 2.0)
+    advice = history.advice()
     assert advice.lost_seconds == 390 and advice.failures == 1 and advice.blocked_seconds == 5
 
 
-def test_save_timings_stand_in_for_blocked_ones_from_clients_that_report_none():
-    starts = [Start("n0", n, 100.0 * n, 100.0 * n - 10) for n in range(1, 4)]
-    advice = advise("j", starts, steady_progress(1000.0), usage_of([Timing("n0", "save", 3.0, 0.0)]))
+def test_a_restart_counts_from_the_first_commit_of_its_position_on_any_node(history):
+    history.start("a", 1, 0.0)
+    epoch = history.commit(300.0, node="b")  # b committed the position first; a's copy came later
+    history.session.add(
+        Checkpoint(
+            job_id=history.job.id, node="a", epoch=epoch, batch_key=BATCH_KEY_END, attempt="1", attempt_number=1,
+            location="x", bytes=1, checksums={}, metrics={}, created_at=350.0,
+        )
+    )  # fmt: skip
+    history.start("a", 2, 400.0)
+    history.session.query(Attempt).filter_by(number=2).update(
+        {"resumed_epoch": epoch, "resumed_batch_key": BATCH_KEY_END}
+    )
+    history.steady_progress(1000.0)
+    assert history.advice().lost_seconds == 100
+
+
+def test_save_timings_stand_in_for_blocked_ones_from_clients_that_report_none(history):
+    for number in range(1, 4):
+        history.start("n0", number, 100.0 * number, resumed_copy_at=None if number == 1 else 100.0 * number - 10)
+    history.steady_progress(1000.0)
+    history.timing("n0", "save", 3.0)
+    advice = history.advice()
     assert advice.save_cost_seconds == 3 and advice.blocked_seconds == 3 and advice.interval_seconds is not None
 
 
-def test_goodput_over_time_drops_at_each_failure_and_recovers_as_the_job_trains():
-    starts = [Start("n0", 1, 0.0, None), Start("n0", 2, 500.0, 400.0)]  # 100 s redone at 500 s
-    series = goodput_over_time("j", starts, steady_progress(1000.0), [Timing("n0", "blocked", 10.0, 100.0)], points=10)
+def test_goodput_over_time_drops_at_each_failure_and_recovers_as_the_job_trains(history):
+    history.start("n0", 1, 0.0)
+    history.start("n0", 2, 500.0, resumed_copy_at=400.0)  # 100 s redone at 500 s
+    history.steady_progress(1000.0)
+    history.timing("n0", "blocked", 10.0, at=100.0)
+    history.timing("n0", "blocked", 99.0, at=1001.0)  # after the latest record: outside the plot
+    history.session.flush()
+    advice, series = job_goodput(history.session, history.job, points=10)
     assert [round(at) for at, _ in series] == list(range(100, 1001, 100))
     goodput = dict(series)
     assert goodput[100.0] == pytest.approx(0.9), "10 s of the first 100 blocked"
     assert goodput[500.0] == pytest.approx((500 - 100 - 10) / 500), "the failure's redone work counts from its restart"
+    assert goodput[400.0] == pytest.approx((400 - 10) / 400), "nothing redone before the restart"
     assert goodput[1000.0] == pytest.approx((1000 - 100 - 10) / 1000)
-    assert goodput_over_time("j", [], [], []) == []
+    assert advice.blocked_seconds == 109, "the headline counts every timing"
 
 
-def test_a_job_that_never_started_says_so():
-    advice = advise("j", [], [], usage_of([]))
+def test_a_job_that_never_started_says_so(history):
+    advice = history.advice()
     assert advice.goodput is None and advice.failures == 0 and "no process" in advice.note
+    assert job_goodput(history.session, history.job)[1] == []
+
+
+def test_what_the_advice_reads_does_not_grow_with_the_history(history):
+    """ADV-1: one token's thousands of starts and timings cost a request no more rows read — the
+    database sums them (rows fetched from the database per advice and plot, at two history sizes)."""
+
+    def rows_read_after_adding(size: int) -> int:
+        known = history.session.query(Attempt).count()
+        history.session.execute(
+            insert(Attempt),
+            [
+                dict(job_id=history.job.id, node=f"n{i % 4}", number=known + i + 1, started_at=float(known + i),
+                     skipped=[])
+                for i in range(size)
+            ],
+        )  # fmt: skip
+        history.session.execute(
+            insert(Stat),
+            [dict(job_id=history.job.id, node=f"n{i % 4}", action="blocked", seconds=0.1, created_at=float(i))
+             for i in range(size)],
+        )  # fmt: skip
+        history.session.flush()
+        before = CountingCursor.rows
+        job_advice(history.session, history.job)
+        job_goodput(history.session, history.job)
+        return CountingCursor.rows - before
+
+    small = rows_read_after_adding(40)
+    sampled = rows_read_after_adding(2 * COST_SAMPLE)  # the save cost's sample is full from here on
+    larger = rows_read_after_adding(20 * COST_SAMPLE)
+    nodes = 4  # at most a row per node and moment, for starts and for timings, whatever the history
+    assert 0 < small < sampled and larger <= sampled + 2 * nodes * PLOT_POINTS, (small, sampled, larger)
 
 
 def test_the_service_answers_advice_from_what_clients_reported(tmp_path, sqlite_service):

@@ -154,6 +154,59 @@ def test_the_durable_store_away_costs_training_nothing_and_replication_catches_u
         proxy.stop()
 
 
+def test_copies_retention_deletes_while_they_wait_for_the_durable_tier_are_not_called_lost(
+    tiers, moto_s3, caplog, capsys
+):
+    """After an outage, retention removes the queued local copies outside the job's policy: no warning
+    each, no `missing` mark, one summary line at the end of the run (as an S3-only run ends with one)."""
+    local, durable, options, url, job = tiers
+    proxy = FaultProxy(moto_s3.endpoint_url)
+    try:
+        node = checkpointer(
+            local, durable, options | {"endpoint_url": proxy.endpoint_url} | FAIL_FAST, url, job, max_to_keep=2
+        )
+        node.start()
+        node.save(Position(0), arrays_for(0))
+        node.wait()
+        proxy.rate, proxy.kinds = 1.0, ("503", "reset")
+        for epoch in range(1, 7):
+            node.save(Position(epoch), arrays_for(epoch))
+            node.wait_for_write()
+        assert not node._replicator.wait(timeout=30)
+        proxy.kinds = ("latency",)  # back, slowly: retention's plan runs while older copies still wait
+        node.close()
+    finally:
+        proxy.stop()
+    assert "cannot be replicated" not in caplog.text
+    summary = [line for line in capsys.readouterr().err.splitlines() if "replicated to the durable tier" in line]
+    assert len(summary) == 1 and "deleted by retention before they were" in summary[0], summary
+    with ServiceClient(url) as client:
+        records = client.list_checkpoints(job)
+    assert not [r for r in records if r.state in ("missing", "corrupt")], "a copy deleted on purpose is not lost"
+    assert Store(durable, storage_options=options).list_positions(job, "n0")[-2:] == [Position(5), Position(6)]
+
+
+def test_a_waiting_local_copy_that_vanishes_is_still_reported_lost(tiers, moto_s3, caplog):
+    """The control: a copy nobody deleted on purpose, gone before it was replicated, is warned about and marked."""
+    local, durable, options, url, job = tiers
+    proxy = FaultProxy(moto_s3.endpoint_url)
+    try:
+        node = checkpointer(local, durable, options | {"endpoint_url": proxy.endpoint_url} | FAIL_FAST, url, job)
+        node.start()
+        proxy.rate, proxy.kinds = 1.0, ("503", "reset")
+        node.save(Position(0), arrays_for(0))
+        node.wait_for_write()
+        (copy,) = Store(local).copies(job, "n0", Position(0))
+        Store(local).delete_copy(copy)  # a disk cleaner, not retention
+        proxy.rate = 0.0
+        node.close()
+    finally:
+        proxy.stop()
+    assert "cannot be replicated" in caplog.text
+    with ServiceClient(url) as client:
+        assert [(r.tier, r.state) for r in client.list_checkpoints(job)] == [("local", "missing")]
+
+
 @pytest.fixture
 def tiny_local_disk(tmp_path):
     with tmpfs(str(tmp_path / "tiny"), "256k") as mountpoint:

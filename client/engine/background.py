@@ -47,6 +47,7 @@ class RetryingQueue(Generic[T]):
         self._changed = threading.Condition()
         self._rounds = 0  # handling attempts finished, successful or not
         self._blocked = False  # the last attempt failed transiently
+        self.transient_failures = 0  # attempts that failed transiently, over the queue's life
         self._wake = False
         self._closed = False
         self._thread: threading.Thread | None = None
@@ -113,6 +114,7 @@ class RetryingQueue(Generic[T]):
             except self._transient as exc:
                 with self._changed:
                     self._blocked, self._rounds = True, self._rounds + 1
+                    self.transient_failures += 1
                     self._changed.notify_all()
                     log.warning(
                         "%s: %s; %d item(s) wait, retrying in %.1f s", self._name, exc, len(self._items), backoff

@@ -101,7 +101,9 @@ class NodeCheckpointer:
         self._writer = BackgroundWriter() if self.options.async_save else None
         self.reports = Reports(self.client, self.job, self.node)
         self._retention = (
-            None if self.client is None else Retention(self.client, self.job, self.node, self.tiers, self.reports)
+            None
+            if self.client is None
+            else Retention(self.client, self.job, self.node, self.tiers, self.reports, on_delete=self._deleting)
         )
         self._replicator: Replicator | None = None
         self.requests: CheckpointRequests | None = None  # checkpoint-now, followed once registered
@@ -421,8 +423,14 @@ class NodeCheckpointer:
         fit ending while the service is down does not wait."""
         store = self.tiers.get(copy.tier)
         assert store is not None, f"this process has no {copy.tier} tier"
+        self._deleting(copy)
         delete_copy(store, copy)
         self.reports.mark(copy, "deleted", cause=cause, reason=reason)
+
+    def _deleting(self, copy: CopyKey) -> None:
+        """A copy of this node is deleted on purpose: a local one waiting for replication need not be."""
+        if self._replicator is not None and copy.tier == "local":
+            self._replicator.forget(copy)
 
     def delete_all(self, *, cause: MarkCause, reason: str) -> None:
         """Delete every copy of this node on every tier (Keras semantics when a fit finishes)."""
@@ -438,9 +446,10 @@ class NodeCheckpointer:
             self.wait_for_write(grace=RETRYING_GRACE_S)
             self.wait()
         finally:
-            summary = self.saves.summary()
-            if summary is not None:
-                print(f"ckptstore: {self.job}/{self.node}: {summary}", file=sys.stderr, flush=True)
+            summaries = [self.saves.summary(), None if self._replicator is None else self._replicator.summary()]
+            for summary in summaries:
+                if summary is not None:
+                    print(f"ckptstore: {self.job}/{self.node}: {summary}", file=sys.stderr, flush=True)
             for worker in (self._replicator, self._retention, self.reports, self.requests):
                 if worker is not None:
                     worker.close()

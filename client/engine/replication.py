@@ -4,7 +4,9 @@ Invariant: a durable copy is recorded only after it is committed on the durable 
 there (shards CRC-checked as they stream, sizes and manifest checked on arrival); until then the
 local copy is the restore source and is never pruned. The durable store being away keeps the
 copies queued and retried with backoff; a process that restarts finds the local copies that have no
-durable copy yet (`resume`) and queues them again.
+durable copy yet (`resume`) and queues them again. A queued copy that retention deletes on purpose
+while it waits (outside the job's policy before the durable tier came back) is `forget`-ten: skipped
+without a word and counted for the run's summary, never reported lost.
 """
 
 from __future__ import annotations
@@ -48,6 +50,9 @@ class Replicator:
         self.local, self.durable, self.job, self.node = local, durable, job, node
         self._on_replicated = on_replicated
         self._on_lost = on_lost
+        self._forgotten: set[CopyKey] = set()  # deleted on purpose by this process: not lost if never replicated
+        self.replicated = 0  # copies made durable by this process
+        self.deleted_unreplicated = 0  # copies retention deleted before they became durable
         self._queue: RetryingQueue[CopyKey | _Scan] = RetryingQueue(
             "ckptstore-replicator",
             self._handle,
@@ -58,6 +63,24 @@ class Replicator:
     def submit(self, copy: CopyKey) -> None:
         """Queue a committed local copy for the durable tier."""
         self._queue.put(copy, unique=True)
+
+    def forget(self, copy: CopyKey) -> None:
+        """`copy` is being deleted on purpose (retention): if it still waits for replication, it need not."""
+        if copy in self._queue.snapshot():
+            self._forgotten.add(copy)
+
+    def summary(self) -> str | None:
+        """One line when the durable tier kept copies waiting during this run (None otherwise)."""
+        if not self._queue.transient_failures and not self.deleted_unreplicated:
+            return None
+        parts = [f"{self.replicated} local copies replicated to the durable tier"]
+        if self.deleted_unreplicated:
+            parts.append(
+                f"{self.deleted_unreplicated} deleted by retention before they were (outside the job's policy)"
+            )
+        if self.pending:
+            parts.append(f"{self.pending} still waiting for it (replicated at the next start)")
+        return "; ".join(parts)
 
     def resume(self) -> None:
         """Queue the local copies that have no durable copy yet (left by a process that stopped)."""
@@ -82,6 +105,10 @@ class Replicator:
         self._replicate(item)
 
     def _replicate(self, copy: CopyKey) -> None:
+        if copy in self._forgotten:
+            self._forgotten.discard(copy)
+            self.deleted_unreplicated += 1
+            return
         durable = copy.on("durable")
         if durable in self.durable.copies(self.job, self.node, copy.position):
             try:
@@ -92,10 +119,14 @@ class Replicator:
         with tracing.span("ckptstore.replicate", job=self.job, node=self.node, position=str(copy.position)) as span:
             ref = self.durable.copy_from(self.local, copy, verify="sizes")
             tracing.set_attributes(span, bytes=ref.bytes)
+        self.replicated += 1
         self._on_replicated(ref)
 
     def _dropped(self, copy: CopyKey | _Scan, error: Exception) -> None:
-        if isinstance(copy, _Scan):
+        if isinstance(copy, CopyKey) and copy in self._forgotten:  # deleted on purpose while it was copied
+            self._forgotten.discard(copy)
+            self.deleted_unreplicated += 1
+        elif isinstance(copy, _Scan):
             log.error("could not look for local copies to replicate: %s", error)
         elif isinstance(error, (CorruptCheckpointError, CheckpointNotFoundError)):
             log.warning("local copy %s cannot be replicated: %s", copy, error)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from ckptstore import CopyKey, Store
 from ckptstore.client.engine.background import RetryingQueue
@@ -61,8 +61,19 @@ class _Pass:
 class Retention:
     """This node's part of its job's retention plan, executed on its tiers by a thread of its own."""
 
-    def __init__(self, client: ServiceClient, job: str, node: str, tiers: Mapping[Tier, Store], reports: Reports):
+    def __init__(
+        self,
+        client: ServiceClient,
+        job: str,
+        node: str,
+        tiers: Mapping[Tier, Store],
+        reports: Reports,
+        *,
+        on_delete: Callable[[CopyKey], None] = lambda copy: None,
+    ):
+        """`on_delete` is told of each copy before it is deleted (the replicator forgets it)."""
         self.client, self.job, self.node, self.tiers, self.reports = client, job, node, tiers, reports
+        self._on_delete = on_delete
         self._waiting = threading.Lock()  # held while a requested pass has not started: requests join it
         self._queue: RetryingQueue[_Pass] = RetryingQueue(
             "ckptstore-retention",
@@ -93,5 +104,6 @@ class Retention:
             if deletion.node != self.node or store is None:
                 continue
             copy = deletion.key(self.job)
+            self._on_delete(copy)
             delete_copy(store, copy)
             self.reports.mark(copy, "deleted", cause="retention", reason=DELETED_BECAUSE[deletion.reason])

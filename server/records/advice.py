@@ -2,9 +2,11 @@
 time went to training, not to work redone after failures nor to saves and restores — and the
 checkpoint interval Young and Daly recommend, √(2 · save cost · mean time between failures).
 
-`advise` is a pure function of plain records (tested with histories whose answers are known);
-`job_advice` reads them from the database in a few aggregate queries, whatever the job's size (the
-dashboard and /metrics ask for it: a 4,096-node job's 400,000 commits are never read row by row). Definitions (docs/operations.md, "Goodput"):
+`advise` is a pure function of a job's totals; `job_advice` and `job_goodput` (the plot) have the
+database compute them in a few aggregate queries, so what one request reads follows the job's nodes,
+not its history: a 4,096-node job's 400,000 commits, or one token's 100,000 starts and timings, are
+never read row by row (the dashboard and /metrics ask for the advice). Definitions
+(docs/operations.md, "Goodput"):
 - wall: from the job's first start to its latest record (a start or a commit);
 - lost: per restart of a node, from the commit of the copy it resumed from (its first start when it
   resumed nothing) to the restart — the work redone, the time down included; the node that lost most;
@@ -19,19 +21,18 @@ import math
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass
+from typing import Any
 
-from sqlalchemy import case, func, select, tuple_
-from sqlalchemy.orm import Session
+from sqlalchemy import ColumnElement, Integer, Row, Select, case, cast, func, select
+from sqlalchemy.orm import InstrumentedAttribute, Session
 
 from ckptstore.server.db.models import Attempt, Checkpoint, Job, Stat
 from ckptstore.wire.schema import Advice
 
 __all__ = [
-    "Start",
+    "Starts",
     "Progress",
-    "Timing",
     "Usage",
-    "usage_of",
     "advise",
     "goodput_over_time",
     "job_advice",
@@ -45,13 +46,13 @@ COST_SAMPLE = 1000  # a save's cost: the median of the job's newest this many sa
 
 
 @dataclass(frozen=True)
-class Start:
-    """A process start of a node; `resumed_copy_at`: when the copy it resumed from was committed."""
+class Starts:
+    """What the advice reads of a job's process starts: the first and the latest start, and per node
+    its restarts and the seconds of work they redid (`lost` in the module docstring)."""
 
-    node: str
-    number: int
-    started_at: float
-    resumed_copy_at: float | None
+    first_at: float
+    latest_at: float
+    restarts: dict[str, tuple[int, float]]
 
 
 @dataclass(frozen=True)
@@ -60,25 +61,6 @@ class Progress:
 
     at: float
     step: int | None
-
-
-@dataclass(frozen=True)
-class Timing:
-    """A save's or restore's reported time (`at`: when it was reported)."""
-
-    node: str
-    action: str
-    seconds: float
-    at: float
-
-
-def _lost(starts: list[Start]) -> tuple[float, int]:
-    """The seconds of work one node redid after its restarts, and how many restarts."""
-    ordered = sorted(starts, key=lambda s: s.number)
-    first, lost = ordered[0].started_at, 0.0
-    for start in ordered[1:]:
-        lost += max(0.0, start.started_at - (first if start.resumed_copy_at is None else start.resumed_copy_at))
-    return lost, len(ordered) - 1
 
 
 @dataclass(frozen=True)
@@ -96,17 +78,6 @@ def _blocking(actions: set[str]) -> str:
     return "blocked" if "blocked" in actions else "save"
 
 
-def usage_of(timings: list[Timing]) -> Usage:
-    """`Usage` from single timings."""
-    blocking = _blocking({t.action for t in timings})
-    waited: dict[str, float] = defaultdict(float)
-    for timing in timings:
-        if timing.action in (blocking, "restore"):
-            waited[timing.node] += timing.seconds
-    saves = [t.seconds for t in timings if t.action == blocking]
-    return Usage(dict(waited), statistics.median(saves) if saves else None)
-
-
 def _steps_per_second(progress: list[Progress]) -> float | None:
     stepped = sorted((p.at, p.step) for p in progress if p.step is not None)
     if len(stepped) < 2 or stepped[-1][0] <= stepped[0][0] or stepped[-1][1] <= stepped[0][1]:
@@ -115,18 +86,14 @@ def _steps_per_second(progress: list[Progress]) -> float | None:
 
 
 def advise(
-    job: str, starts: list[Start], progress: list[Progress], usage: Usage, *, until: float | None = None
+    job: str, starts: Starts | None, progress: list[Progress], usage: Usage, *, until: float | None = None
 ) -> Advice:
     """The job's goodput and recommended interval from its records (see the module docstring);
     `until`: the wall time ends there rather than at the latest record."""
-    if not starts:
+    if starts is None:
         return Advice(job=job, note="no process of this job has started yet")
-    by_node: dict[str, list[Start]] = defaultdict(list)
-    for start in starts:
-        by_node[start.node].append(start)
-    begun = min(s.started_at for s in starts)
-    wall = (until if until is not None else max([s.started_at for s in starts] + [p.at for p in progress])) - begun
-    lost, failures = max((_lost(node_starts) for node_starts in by_node.values()), key=lambda lf: (lf[1], lf[0]))
+    wall = (until if until is not None else max([starts.latest_at] + [p.at for p in progress])) - starts.first_at
+    failures, lost = max(starts.restarts.values())
     blocked, cost = max(usage.waited.values(), default=0.0), usage.save_cost
     mtbf = wall / failures if failures >= MIN_FAILURES and wall > 0 else None
     interval = math.sqrt(2 * cost * mtbf) if mtbf is not None and cost else None
@@ -155,50 +122,61 @@ def advise(
     )
 
 
-def goodput_over_time(
-    job: str, starts: list[Start], progress: list[Progress], timings: list[Timing], *, points: int = PLOT_POINTS
-) -> list[tuple[float, float]]:
-    """The job's goodput as it stood at `points` moments from its first start to its latest record:
-    `advise` over the records up to each (the dashboard's plot)."""
-    if not starts:
-        return []
-    begun = min(s.started_at for s in starts)
-    end = max([s.started_at for s in starts] + [p.at for p in progress])
+def goodput_over_time(job: str, moments: list[tuple[float, Starts | None, Usage]]) -> list[tuple[float, float]]:
+    """The job's goodput as it stood at each moment, from the starts and timings up to it (the
+    dashboard's plot)."""
     series = []
-    for i in range(1, points + 1):
-        moment = begun + (end - begun) * i / points
-        advice = advise(
-            job,
-            [s for s in starts if s.started_at <= moment],
-            [p for p in progress if p.at <= moment],
-            usage_of([t for t in timings if t.at <= moment]),
-            until=moment,
-        )
+    for moment, starts, usage in moments:
+        advice = advise(job, starts, [], usage, until=moment)
         if advice.goodput is not None:
             series.append((moment, advice.goodput))
     return series
 
 
-def _starts(session: Session, job: Job) -> list[Start]:
-    """Every start of the job, with when the position it resumed from was first committed."""
-    rows = session.execute(
+def _restarts(session: Session, job: Job, *by: ColumnElement[Any]) -> Select[Any]:
+    """Per node (and per each of `by`): its starts, the seconds they redid, its first and latest start —
+    summed by the database, one row per group whatever the job's history."""
+    first = (
+        select(Attempt.node, func.min(Attempt.number).label("number"), func.min(Attempt.started_at).label("at"))
+        .where(Attempt.job_id == job.id)
+        .group_by(Attempt.node)
+        .subquery()
+    )
+    copy_at = (  # when the position the start resumed from was first committed, on any node
+        select(func.min(Checkpoint.created_at))
+        .where(
+            Checkpoint.job_id == job.id,
+            Checkpoint.epoch == Attempt.resumed_epoch,
+            Checkpoint.batch_key == Attempt.resumed_batch_key,
+        )
+        .scalar_subquery()
+    )
+    redone = Attempt.started_at - func.coalesce(copy_at, first.c.at)
+    lost = case((Attempt.number == first.c.number, 0.0), (redone > 0, redone), else_=0.0)
+    return (
         select(
-            Attempt.node, Attempt.number, Attempt.started_at, Attempt.resumed_epoch, Attempt.resumed_batch_key
-        ).where(Attempt.job_id == job.id)
-    ).all()
-    resumed = {(r.resumed_epoch, r.resumed_batch_key) for r in rows if r.resumed_epoch is not None}
-    committed_at: dict[tuple[int, int], float] = {}  # a resumed position's first commit, on any node
-    if resumed:
-        position = tuple_(Checkpoint.epoch, Checkpoint.batch_key)
-        for epoch, key, at in session.execute(
-            select(Checkpoint.epoch, Checkpoint.batch_key, func.min(Checkpoint.created_at))
-            .where(Checkpoint.job_id == job.id, position.in_(list(resumed)))
-            .group_by(Checkpoint.epoch, Checkpoint.batch_key)
-        ):
-            committed_at[(epoch, key)] = at
-    return [
-        Start(r.node, r.number, r.started_at, committed_at.get((r.resumed_epoch, r.resumed_batch_key))) for r in rows
-    ]
+            Attempt.node,
+            *by,
+            func.count().label("starts"),
+            func.sum(lost).label("lost"),
+            func.min(Attempt.started_at).label("first_at"),
+            func.max(Attempt.started_at).label("latest_at"),
+        )
+        .join(first, first.c.node == Attempt.node)
+        .where(Attempt.job_id == job.id)
+        .group_by(Attempt.node, *by)
+    )
+
+
+def _starts(session: Session, job: Job) -> Starts | None:
+    rows = session.execute(_restarts(session, job)).all()
+    if not rows:
+        return None
+    return Starts(
+        min(r.first_at for r in rows),
+        max(r.latest_at for r in rows),
+        {r.node: (r.starts - 1, float(r.lost)) for r in rows},
+    )
 
 
 def _progress(session: Session, job: Job) -> list[Progress]:
@@ -220,18 +198,32 @@ def _progress(session: Session, job: Job) -> list[Progress]:
     return progress
 
 
-def _usage(session: Session, job: Job) -> Usage:
-    """`usage_of` the job's timings, summed by the database; the save cost from the newest COST_SAMPLE."""
-    sums = session.execute(
-        select(Stat.node, Stat.action, func.sum(Stat.seconds))
-        .where(Stat.job_id == job.id)
-        .group_by(Stat.node, Stat.action)
+def _waited(
+    session: Session, job: Job, *by: ColumnElement[Any], until: float | None = None
+) -> tuple[str, list[Row[Any]]]:
+    """The action that counts as a save's blocked time, and the seconds of it and of restores per node
+    (and per each of `by`; reported up to `until`), summed by the database."""
+    actions = set(session.scalars(select(Stat.action).where(Stat.job_id == job.id).distinct()))
+    blocking = _blocking(actions)
+    rows = session.execute(
+        select(Stat.node, *by, func.sum(Stat.seconds).label("seconds"))
+        .where(
+            Stat.job_id == job.id,
+            Stat.action.in_([blocking, "restore"]),
+            Stat.created_at <= (until if until is not None else math.inf),
+        )
+        .group_by(Stat.node, *by)
     ).all()
-    blocking = _blocking({action for _, action, _ in sums})
+    return blocking, list(rows)
+
+
+def _usage(session: Session, job: Job) -> Usage:
+    """What the job's timings say saves and restores cost, summed by the database; the save cost is
+    the median of the newest COST_SAMPLE."""
+    blocking, rows = _waited(session, job)
     waited: dict[str, float] = defaultdict(float)
-    for node, action, seconds in sums:
-        if action in (blocking, "restore"):
-            waited[node] += seconds
+    for row in rows:
+        waited[row.node] += row.seconds
     saves = list(
         session.scalars(
             select(Stat.seconds)
@@ -248,16 +240,52 @@ def job_advice(session: Session, job: Job) -> Advice:
     return advise(job.name, _starts(session, job), _progress(session, job), _usage(session, job))
 
 
-def job_goodput(session: Session, job: Job) -> tuple[Advice, list[tuple[float, float]]]:
-    """The job's advice and its goodput over time (the dashboard's job page, for jobs small enough
-    to replay: every timing is read)."""
+def _moment_of(session: Session, at: InstrumentedAttribute[float], begun: float, end: float, points: int) -> Any:
+    """The first of `points` moments evenly spaced over (begun, end] at or after `at`: its number,
+    computed by the database (points − ⌊(end − at) · points / span⌋; 0 for `at` = `begun`)."""
+    scaled = (end - at) * (points / (end - begun))
+    floor = cast(scaled, Integer) if session.get_bind().dialect.name == "sqlite" else func.floor(scaled)
+    return (points - floor).label("moment")
+
+
+def job_goodput(session: Session, job: Job, *, points: int = PLOT_POINTS) -> tuple[Advice, list[tuple[float, float]]]:
+    """The job's advice and its goodput at `points` moments from its first start to its latest record
+    (the dashboard's job page): the starts and timings summed per node and moment by the database, so
+    the cost follows the job's nodes, not its history."""
     starts, progress = _starts(session, job), _progress(session, job)
-    timings = [
-        Timing(*row)
-        for row in session.execute(
-            select(Stat.node, Stat.action, Stat.seconds, Stat.created_at).where(Stat.job_id == job.id)
-        )
-    ]
-    return advise(job.name, starts, progress, _usage(session, job)), goodput_over_time(
-        job.name, starts, progress, timings
-    )
+    advice = advise(job.name, starts, progress, _usage(session, job))
+    if starts is None:
+        return advice, []
+    begun, end = starts.first_at, max([starts.latest_at] + [p.at for p in progress])
+    if end <= begun:
+        return advice, []
+    restarts = session.execute(_restarts(session, job, _moment_of(session, Attempt.started_at, begun, end, points)))
+    _, waits = _waited(session, job, _moment_of(session, Stat.created_at, begun, end, points), until=end)
+    started: dict[int, list[Row[Any]]] = defaultdict(list)
+    for row in restarts:
+        started[int(row.moment)].append(row)
+    waited_in: dict[int, list[Row[Any]]] = defaultdict(list)
+    for row in waits:
+        waited_in[int(row.moment)].append(row)
+    starts_so_far: dict[str, tuple[int, float]] = {}
+    waited_so_far: dict[str, float] = defaultdict(float)
+    moments: list[tuple[float, Starts | None, Usage]] = []
+    first_moment = min(list(started) + list(waited_in))
+    latest = begun
+    for number in range(min(first_moment, 1), points + 1):
+        for row in started.get(number, []):
+            count, lost = starts_so_far.get(row.node, (0, 0.0))
+            starts_so_far[row.node] = (count + row.starts, lost + float(row.lost))
+            latest = max(latest, row.latest_at)
+        for row in waited_in.get(number, []):
+            waited_so_far[row.node] += row.seconds
+        if number >= 1:
+            restarts_now = {node: (count - 1, lost) for node, (count, lost) in starts_so_far.items()}
+            moments.append(
+                (
+                    begun + (end - begun) * number / points,
+                    Starts(begun, latest, restarts_now),
+                    Usage(dict(waited_so_far), None),
+                )
+            )
+    return advice, goodput_over_time(job.name, moments)

@@ -191,7 +191,7 @@ def job_detail(session: Session, job: Job, *, page: int, stale_after: float) -> 
     attempts = list(
         session.scalars(select(Attempt).where(Attempt.job_id == job.id).order_by(Attempt.started_at.desc()).limit(50))
     )
-    # A large job's page gives the advice without its plot: replaying its history point by point costs too much.
+    # A large job's page gives the advice without its plot: the plot reads a row per node and moment.
     advice, goodput = (job_advice(session, job), []) if aggregate is not None else job_goodput(session, job)
     return JobDetail(
         name=job.name,

@@ -12,6 +12,7 @@
     ├── ResumeRefusedError          intact copies of the job exist, but none qualifies to resume from: starting
     │                               from scratch would retrain committed work silently (`fresh_start=True` allows it)
     ├── ResumeDriftError            resume_check="raise" and the resume audit found drift: nothing was assigned
+    ├── ReplicasDisagreeError       on_error="raise" and data-parallel replicas hold different state at a save
     └── ServiceError                the metadata service failed or refused
         ├── ServiceUnavailableError     unreachable, timed out, or 5xx after retries
         └── RequestRejectedError        a 4xx answer: carries the status, error code and detail
@@ -35,6 +36,7 @@ __all__ = [
     "ConfigurationError",
     "ResumeRefusedError",
     "ResumeDriftError",
+    "ReplicasDisagreeError",
     "ServiceError",
     "ServiceUnavailableError",
     "RequestRejectedError",
@@ -119,6 +121,11 @@ class ResumeDriftError(CkptStoreError):
 
     def __reduce__(self) -> tuple[type[ResumeDriftError], tuple[str]]:
         return type(self), (str(self),)
+
+
+class ReplicasDisagreeError(CkptStoreError):
+    """Replicas that must hold the same state (DDP) do not, at a save; the message names the ranks and
+    a tensor. Raised on every rank under on_error="raise" (otherwise the save is kept but not good)."""
 
 
 class ServiceError(CkptStoreError):

@@ -3,13 +3,14 @@
     python -m tests.torch_job --storage ROOT --job J --out FINAL.npz [--service URL]
                               [--loader plain|stateful] [--kill-epoch E --kill-batch B]
                               [--per-rank [--die-before-save-epoch E --die-before-save-batch B]]
-                              [--save-every-seconds S]
+                              [--save-every-seconds S] [--flip-rank R --flip-epoch E --flip-batch B]
 
 Dropout, AdamW, a per-batch LR scheduler and a loader shuffled by ckptstore's ResumableSampler (the
 plain DataLoader, or torchdata's StatefulDataLoader with worker processes); saves every 3 batches and at each epoch's
 end. Under RANK/WORLD_SIZE it joins a gloo process group: by default a DDP job (replicated state),
 with --per-rank every rank trains its own model on its own data. --kill-* SIGKILLs the process before
-training that batch (after the save in flight is committed). --save-every-seconds: the loop calls
+training that batch (after the save in flight is committed). --flip-*: that rank flips one bit of its
+optimizer's momentum before training that batch (a replica gone silently wrong). --save-every-seconds: the loop calls
 `save()` after every batch and the manager's timed cadence decides. Prints `RESUMED <epoch> <batch>` or
 `FRESH` first; writes every parameter, optimizer and scheduler value to --out.
 """
@@ -90,6 +91,9 @@ def main() -> None:
     parser.add_argument("--die-before-save-epoch", type=int, default=None)
     parser.add_argument("--die-before-save-batch", type=int, default=None)
     parser.add_argument("--save-every-seconds", type=float, default=None)
+    parser.add_argument("--flip-rank", type=int, default=None, help="this rank flips a bit of its momentum…")
+    parser.add_argument("--flip-epoch", type=int, default=None)
+    parser.add_argument("--flip-batch", type=int, default=None, help="…before training this batch")
     args = parser.parse_args()
 
     import torch.distributed as dist
@@ -135,6 +139,9 @@ def main() -> None:
             if (epoch, batch) == (args.kill_epoch, args.kill_batch):
                 manager.wait()
                 os.kill(os.getpid(), signal.SIGKILL)
+            if (rank, epoch, batch) == (args.flip_rank, args.flip_epoch, args.flip_batch):
+                momentum = optimizer.state[next(iter(model.parameters()))]["exp_avg"]
+                momentum.view(torch.int32).view(-1)[0] ^= 1 << 22  # one bit of one float: a silent fault
             optimizer.zero_grad()
             loss = nn.functional.mse_loss(model(x), y)
             loss.backward()

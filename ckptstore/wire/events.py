@@ -34,6 +34,7 @@ EventType = Literal[
     "checkpoint.committed",
     "position.good",
     "copy.marked",
+    "replicas.disagreed",
     "replication.done",
     "replication.lagging",
     "health.changed",

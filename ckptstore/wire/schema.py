@@ -85,8 +85,9 @@ Finite = Annotated[float, Field(allow_inf_nan=False)]  # JSON has no NaN or Infi
 CheckpointState = Literal["committed", "corrupt", "missing", "deleted"]
 MarkState = Literal["corrupt", "missing", "deleted"]
 # Which part of ckptstore marked a copy: retention and gc deletions are `retention.deleted` events,
-# every other mark a `copy.marked` one; `operator` is anyone calling the API by hand.
-MarkCause = Literal["retention", "gc", "fit_finished", "restore", "verify", "replication", "operator"]
+# `agreement` marks (replicas that disagree at a save) `replicas.disagreed` ones, every other mark a
+# `copy.marked` one; `operator` is anyone calling the API by hand.
+MarkCause = Literal["retention", "gc", "fit_finished", "restore", "verify", "replication", "agreement", "operator"]
 RETENTION_CAUSES: tuple[MarkCause, ...] = ("retention", "gc")
 DELETED_ON_PURPOSE: tuple[MarkCause, ...] = (*RETENTION_CAUSES, "fit_finished")  # nothing went wrong there
 MAX_NODES = 4096
@@ -339,11 +340,15 @@ class NodeLocation(BaseModel):
 
 
 class NotGood(BaseModel):
+    """A position newer than the answer that is not good: which nodes' parts are missing, corrupt or
+    deleted, and why, by node, where a reason was recorded (`replicas disagree: rank 1, tensor …`)."""
+
     epoch: int
     batch: int | None
     missing: list[str]
     corrupt: list[str]
     deleted: list[str] = Field(default_factory=list)
+    reasons: dict[str, str] = Field(default_factory=dict)
 
 
 class CheckpointRequestBody(RequestModel):

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from ckptstore import AccessReport, CheckpointRef, CopyKey, Position, Store, tracing
+from ckptstore.client.engine.agreement import disagreement_of
 from ckptstore.client.engine.audit import said
 from ckptstore.client.engine.exit_codes import install_exit_codes
 from ckptstore.client.engine.fork import restore_fork
@@ -393,7 +394,10 @@ class NodeCheckpointer:
         self.reports.saved()
         self.reports.stats("save", time.perf_counter() - started, ref.bytes)
         self.reports.commit(Commit(ref, metrics))
-        if ref.key.tier == "durable":
+        disagree = disagreement_of(metadata)
+        if disagree is not None:  # kept for inspection, never resumed from, never replicated
+            self.reports.mark(ref.key, "corrupt", cause="agreement", reason=disagree)
+        elif ref.key.tier == "durable":
             self._retain()
         elif self._replicator is not None:
             self._replicator.submit(ref.key)

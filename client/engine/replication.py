@@ -15,6 +15,7 @@ import logging
 from collections.abc import Callable
 
 from ckptstore import CheckpointRef, CopyKey, Store, tracing
+from ckptstore.client.engine.agreement import disagreement_of
 from ckptstore.client.engine.background import RetryingQueue
 from ckptstore.errors import CheckpointNotFoundError, CorruptCheckpointError, StorageUnavailableError
 
@@ -109,6 +110,8 @@ class Replicator:
             self._forgotten.discard(copy)
             self.deleted_unreplicated += 1
             return
+        if disagreement_of(self.local.manifest(copy).metadata) is not None:
+            return  # replicas disagreed at that save: kept locally for inspection, never made durable
         durable = copy.on("durable")
         if durable in self.durable.copies(self.job, self.node, copy.position):
             try:

@@ -22,6 +22,7 @@ from dataclasses import replace
 from typing import Protocol, TypeVar
 
 from ckptstore import Position, Store
+from ckptstore.client.engine.agreement import disagreement_of
 from ckptstore.client.service.rest import ServiceClient
 from ckptstore.copies import NoIntactCopyError, Restored, Skipped, read_nearest_intact
 from ckptstore.copykey import CopyKey
@@ -261,6 +262,10 @@ class Restorer:
                 restored = self._read(position)
             except NoIntactCopyError as exc:
                 self.skipped.extend(exc.skipped)
+                continue
+            disagree = disagreement_of(restored.checkpoint.manifest.metadata)
+            if disagree is not None:  # the service would have it marked: without one, its manifest says so
+                self.skipped.append(Skipped(restored.copy, "corrupt", disagree))
                 continue
             self.skipped.extend(restored.skipped)
             for passed in self.skipped[said:]:

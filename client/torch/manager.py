@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import torch
 
+from ckptstore.client.engine.agreement import agreement_metadata, disagreement, hashes
 from ckptstore.client.engine.cadence import SaveEvery
 from ckptstore.client.engine.identity import NodeIdentity
 from ckptstore.client.engine.manager import LoopManager
@@ -35,6 +37,7 @@ from ckptstore.client.torch.loaders import generator_states, is_loader, replay_a
 from ckptstore.client.torch.sampler import ResumableSampler
 from ckptstore.client.torch.state import flatten, host_views_are_live, rng_state, set_rng_state, unflatten
 from ckptstore.deferred import VerifiedTensors
+from ckptstore.errors import ReplicasDisagreeError
 from ckptstore.fingerprint import FINGERPRINT_KEY
 
 __all__ = ["CheckpointManager", "distributed_identity"]
@@ -44,6 +47,8 @@ RNG = "rng"
 RANK_RNGS = "rng_ranks"  # replicated state under torch.distributed: every rank's RNG, by rank
 LOADER_GENERATORS = "loader_generators"  # each data loader's generators as of the save (client/torch/loaders.py)
 RESERVED = (RNG, RANK_RNGS, LOADER_GENERATORS)
+
+log = logging.getLogger("ckptstore.client")
 
 
 def _in_place(obj: Any, name: str, saved_tree: Any, arrays: Mapping[str, np.ndarray]) -> Any:
@@ -121,6 +126,7 @@ class CheckpointManager(LoopManager):
         self.objects = dict(objects)
         self.replicated = replicated
         self._rank_rngs: list[Any] | None = None  # every rank's (RNG, seed), gathered for the save (rank 0 writes)
+        self._agreement: dict[str, Any] = {}  # what the save's manifest says of the replicas' agreement
 
     def _world(self) -> tuple[int, int]:
         import torch.distributed as dist
@@ -131,17 +137,41 @@ class CheckpointManager(LoopManager):
 
     def _gather(self, *, collective: bool) -> None:
         """Replicated state under torch.distributed: rank 0 writes, but each rank draws from its own
-        RNG (per-rank seeds), so every rank's RNG goes to rank 0 for the save. Not on a preemption's
-        save, where the ranks may not all be saving at once (a collective then would hang)."""
+        RNG (per-rank seeds), so every rank's RNG goes to rank 0 for the save, with the hashes of its
+        model and optimizer state: replicas that disagree make the save not good, said on every rank
+        (client/engine/agreement.py). Not on a preemption's save, where the ranks may not all be saving
+        at once (a collective then would hang): its copy says the replicas were not checked."""
         import torch.distributed as dist
 
-        self._rank_rngs = None
+        self._rank_rngs, self._agreement = None, {}
         size, rank = self._world()
-        if not (collective and self.replicated and size > 1):
+        if not (self.replicated and size > 1):
+            return
+        if not collective:
+            self._agreement = agreement_metadata(size, checked=False, reason=None)
+            if rank == 0:
+                log.info("a preemption's save: replicas not compared (the other ranks may not be saving)")
             return
         gathered: list[Any] | None = [None] * size if rank == 0 else None
-        dist.gather_object((rng_state(), torch.initial_seed()), gathered, dst=0)
-        self._rank_rngs = gathered
+        dist.gather_object((rng_state(), torch.initial_seed(), self._state_hashes()), gathered, dst=0)
+        verdict = [None if gathered is None else disagreement([ranked[2] for ranked in gathered])]
+        dist.broadcast_object_list(verdict, src=0)
+        reason = verdict[0]
+        self._rank_rngs = None if gathered is None else [(rng, seed) for rng, seed, _ in gathered]
+        self._agreement = agreement_metadata(size, checked=True, reason=reason)
+        if reason is not None:
+            if self.options.on_error == "raise":
+                raise ReplicasDisagreeError(f"{reason} (rank {rank} of {size})")
+            log.warning("%s: this save is kept but not good; the resume goes to where they agreed", reason)
+
+    def _state_hashes(self) -> dict[str, int]:
+        """CRC32C of every tensor of the model, optimizer and other non-data objects, by its path."""
+        views: dict[str, np.ndarray] = {}
+        names: dict[str, str] = {}
+        for name, obj in self.objects.items():
+            if not is_data(obj):
+                flatten(obj.state_dict(), name, views, names)
+        return {names[key]: value for key, value in hashes(views).items()}
 
     @property
     def _decided_apart(self) -> bool:
@@ -182,7 +212,7 @@ class CheckpointManager(LoopManager):
         if generators:
             tree[LOADER_GENERATORS] = flatten(generators, LOADER_GENERATORS, views)
         described = fingerprint(self.objects, states, world=world, seed=torch.initial_seed(), rank_seeds=rank_seeds)
-        return views, {STATE_KEY: json.dumps(tree), FINGERPRINT_KEY: described}
+        return views, {STATE_KEY: json.dumps(tree), FINGERPRINT_KEY: described, **self._agreement}
 
     def _live_fingerprint(self, arrays: Mapping[str, np.ndarray], metadata: Mapping[str, Any]) -> dict[str, Any]:
         """Models and optimizers as they are; data objects at the checkpoint's position (asking a loader

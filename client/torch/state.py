@@ -44,27 +44,30 @@ def host_array(tensor: torch.Tensor) -> np.ndarray:
     return value.view(BITS[value.dtype]).numpy() if value.dtype in BITS else value.numpy()
 
 
-def flatten(tree: Any, prefix: str, arrays: dict[str, np.ndarray]) -> Any:
+def flatten(tree: Any, prefix: str, arrays: dict[str, np.ndarray], names: dict[str, str] | None = None) -> Any:
     """`tree` as JSON, its tensors and arrays moved into `arrays` under `prefix/NNNNN` in walk order
-    (host views of the live values: copy them before training goes on)."""
-    return _Flattener(prefix, arrays).walk(tree, "")
+    (host views of the live values: copy them before training goes on); `names` gets each key's
+    path in the tree as a person reads it (`optimizer['state'][0]['exp_avg']`)."""
+    return _Flattener(prefix, arrays, names).walk(tree, "")
 
 
 class _Flattener:
-    def __init__(self, prefix: str, arrays: dict[str, np.ndarray]):
-        self.prefix, self.arrays, self.count = prefix, arrays, 0
+    def __init__(self, prefix: str, arrays: dict[str, np.ndarray], names: dict[str, str] | None):
+        self.prefix, self.arrays, self.names, self.count = prefix, arrays, names, 0
 
-    def _key(self, array: np.ndarray) -> str:
+    def _key(self, array: np.ndarray, where: str) -> str:
         key = f"{self.prefix}/{self.count:05d}"
         self.count += 1
         self.arrays[key] = array
+        if self.names is not None:
+            self.names[key] = f"{self.prefix}{where}"
         return key
 
     def walk(self, tree: Any, where: str) -> Any:
         if isinstance(tree, torch.Tensor):
-            return {"__tensor__": self._key(host_array(tree)), "dtype": str(tree.dtype).removeprefix("torch.")}
+            return {"__tensor__": self._key(host_array(tree), where), "dtype": str(tree.dtype).removeprefix("torch.")}
         if isinstance(tree, np.ndarray):
-            return {"__ndarray__": self._key(np.ascontiguousarray(tree))}
+            return {"__ndarray__": self._key(np.ascontiguousarray(tree), where)}
         if isinstance(tree, bool) or tree is None or isinstance(tree, (int, str)):
             return tree
         if isinstance(tree, float):

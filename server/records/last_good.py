@@ -68,6 +68,11 @@ class Part:
         return next(s for s in ("committed", "corrupt", "missing", "deleted") if s in states)
 
     @property
+    def reason(self) -> str | None:
+        """Why its copies are not committed, as recorded with the first that says (None: nothing said)."""
+        return next((c.reason for c in self.copies if c.state != "committed" and c.reason), None)
+
+    @property
     def deleted_on_purpose(self) -> bool:
         """Every copy deleted by retention, gc or a finished fit (not by hand, not lost)."""
         return all(c.state == "deleted" and c.cause in DELETED_ON_PURPOSE for c in self.copies)
@@ -294,6 +299,7 @@ def _not_good(session: Session, job: Job, *, above: Position | None, max_epoch: 
                 missing=[n for n in expected if states[n] == "missing"],
                 corrupt=[n for n in expected if states[n] == "corrupt"],
                 deleted=[n for n in expected if states[n] == "deleted"],
+                reasons={n: reason for n in expected if n in at and (reason := at[n].reason) is not None},
             )
         )
     return not_good

@@ -28,6 +28,7 @@ from ckptstore.server.http.paging import Page
 from ckptstore.server.records import held, lineage
 from ckptstore.server.records.last_good import bump, expected_nodes, is_expected, judge_position, read_node_sets
 from ckptstore.server.settings import is_local_path, root_is_allowed
+from ckptstore.wire.events import EventType
 from ckptstore.wire.schema import (
     RETENTION_CAUSES,
     CheckpointRecord,
@@ -302,10 +303,13 @@ def mark_checkpoint(session: Session, job: Job, node: str, body: MarkRequest) ->
     session.flush()
     judge_position(session, job, position)
     bump(session, job)
-    deleted_by_retention = body.state == "deleted" and body.cause in RETENTION_CAUSES
+    if body.state == "deleted" and body.cause in RETENTION_CAUSES:
+        kind: EventType = "retention.deleted"
+    else:
+        kind = "replicas.disagreed" if body.cause == "agreement" else "copy.marked"
     emit(
         session,
-        "retention.deleted" if deleted_by_retention else "copy.marked",
+        kind,
         job.name,
         node=node,
         position=position,

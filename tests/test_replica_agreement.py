@@ -1,0 +1,91 @@
+"""Replica agreement under DDP (real gloo processes): one flipped bit in rank 1's optimizer momentum
+makes every later save not good, named (`replicas disagree: rank 1, tensor …`), evented and warned
+on every rank, and the rerun resumes from the last save before the flip — bit-equal to a run that
+never flipped; a control without the flip resumes from the newest save with nothing said; with 3
+ranks the minority is named; the comparison itself (client/engine/agreement.py) on known hashes."""
+
+from __future__ import annotations
+
+import uuid
+
+import numpy as np
+
+from ckptstore import Position, Store
+from ckptstore.client import ServiceClient
+from ckptstore.client.engine.agreement import disagreement, hashes
+from tests.test_torch import assert_bit_equal, final, ranks
+
+FLIP = ["--flip-rank", "1", "--flip-epoch", "0", "--flip-batch", "4"]  # after the save at 0.3
+KILL = ["--kill-epoch", "1", "--kill-batch", "2"]
+MOMENTUM = "optimizer['state'][0]['exp_avg']"  # the tensor flipped
+
+
+def test_the_comparison_names_the_minority_or_the_rank_that_is_not_the_writer():
+    same = {"model.w": 1, "optimizer.m": 2}
+    assert disagreement([same, same, same]) is None
+    assert disagreement([same, same | {"optimizer.m": 3}]) == "replicas disagree: rank 1, tensor optimizer.m"
+    assert disagreement([same | {"model.w": 9}, same, same]) == "replicas disagree: rank 0, tensor model.w"
+    assert disagreement([same, {"model.w": 1}]) == "replicas disagree: rank 1, tensor optimizer.m"
+    many = [dict.fromkeys("abcde", 0), dict.fromkeys("abcde", 1)]
+    assert disagreement(many) == "replicas disagree: rank 1, tensor a, b, c and 2 more"
+    arrays = {"x": np.arange(4, dtype=np.float32)}
+    flipped = {"x": arrays["x"].copy()}
+    flipped["x"].view(np.int32)[0] ^= 1
+    assert hashes(arrays) != hashes(flipped), "one bit is seen"
+
+
+def test_a_flipped_bit_on_rank_1_is_caught_and_the_rerun_resumes_from_before_it(tmp_path, sqlite_service):
+    storage, url = f"{sqlite_service.storage}/agree-{uuid.uuid4().hex[:6]}", sqlite_service.live.url
+    common = ["--storage", storage, "--service", url]
+    baseline = ranks(tmp_path, 2, *common, "--job", f"agree-base-{uuid.uuid4().hex[:6]}")
+    job = f"agree-{uuid.uuid4().hex[:6]}"
+    killed = ranks(tmp_path, 2, *common, "--job", job, *FLIP, *KILL, killed_rank=0)
+    assert all("replicas disagree: rank 1, tensor" in out and MOMENTUM in out for out in killed), "said on every rank"
+    with ServiceClient(url) as client:
+        answer = client.last_good_epoch(job)
+    with sqlite_service.client() as http:
+        page = http.get("/v1/events", params={"job": job, "types": "replicas.disagreed", "format": "json", "after": 0})
+    events = page.json()["events"]
+    assert (answer.resume.epoch, answer.resume.batch) == (0, 3), "the newest position where the replicas agreed"
+    reasons = [g.reasons.get("node-0", "") for g in answer.not_good]
+    assert reasons and all(r.startswith("replicas disagree: rank 1, tensor") and MOMENTUM in r for r in reasons), answer
+    assert events and events[0]["data"]["cause"] == "agreement" and "rank 1" in events[0]["data"]["reason"]
+    resumed = ranks(tmp_path, 2, *common, "--job", job)
+    assert [r.splitlines()[0] for r in resumed] == ["RESUMED 0 3", "RESUMED 0 3"]
+    for got, want in zip(resumed, baseline, strict=True):
+        assert_bit_equal(final(got), final(want))
+    assert Store(storage).list_nodes(job) == ["node-0"]
+
+
+def test_agreeing_replicas_resume_from_the_newest_save_and_nothing_is_said(tmp_path, sqlite_service):
+    storage, url = f"{sqlite_service.storage}/agree-{uuid.uuid4().hex[:6]}", sqlite_service.live.url
+    job = f"agree-ok-{uuid.uuid4().hex[:6]}"
+    killed = ranks(tmp_path, 2, "--storage", storage, "--service", url, "--job", job, *KILL, killed_rank=0)
+    assert not any("replicas disagree" in out for out in killed)
+    with ServiceClient(url) as client:
+        answer = client.last_good_epoch(job)
+    assert (answer.resume.epoch, answer.resume.batch) == (0, None) and answer.not_good == [], answer
+    (copy,) = Store(storage).copies(job, "node-0", Position(0))
+    assert Store(storage).manifest(copy).metadata["replica_agreement"] == {"ranks": 2, "checked": True, "disagree": None}
+
+
+def test_with_three_replicas_the_minority_is_named(tmp_path, sqlite_service):
+    storage, url = f"{sqlite_service.storage}/agree-{uuid.uuid4().hex[:6]}", sqlite_service.live.url
+    job = f"agree-3-{uuid.uuid4().hex[:6]}"
+    ranks(tmp_path, 3, "--storage", storage, "--service", url, "--job", job, *FLIP)
+    with ServiceClient(url) as client:
+        records = [r for r in client.list_checkpoints(job) if r.state == "corrupt"]
+    assert records and all(r.reason.startswith("replicas disagree: rank 1, tensor ") for r in records)
+
+
+def test_a_preemption_save_compares_nothing_and_its_copy_says_so(tmp_path, monkeypatch):
+    """A SIGTERM'd rank saves alone: a collective would wait for ranks that are not saving (here none
+    exists — torch.distributed is not initialised — so any collective tried would raise)."""
+    from tests.test_resume_audit import run
+
+    manager, *_ = run(str(tmp_path / "ckpt"), "preempted")
+    monkeypatch.setattr(manager, "_world", lambda: (2, 0))
+    manager._gather(collective=False)
+    _, metadata = manager._capture()
+    assert metadata["replica_agreement"] == {"ranks": 2, "checked": False, "disagree": None}
+    manager.close()

@@ -5,7 +5,7 @@ time, both on 1 GiB of float32 tensors in this process, interleaved.
 
 The blocked time of an async save is its capture: the state copied into the staging buffers
 (`snapshot_arrays`, what training waits for). Agreement adds, on every rank, a CRC32C of every tensor
-of the model and optimizer (client/engine/agreement.py `hashes`) before the save, and a gather of a
+of the model and optimizer (ckptstore/agreement.py `hashes`) before the save, and a gather of a
 few bytes per tensor (not measured here: ~1 ms on 2 gloo ranks).
 """
 
@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
 
-from ckptstore.client.engine.agreement import hashes  # noqa: E402
+from ckptstore.agreement import hashes  # noqa: E402
 from ckptstore.client.engine.staging import snapshot_arrays  # noqa: E402
 
 

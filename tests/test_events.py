@@ -45,6 +45,7 @@ DATA = {  # the documented payload of each type (docs/rest.md, "Events")
     "checkpoint.committed": {"attempt", "tier", "location", "bytes", "step"},
     "position.good": {"last_good_epoch", "durable", "nodes"},
     "copy.marked": {"attempt", "state", "tiers", "cause", "reason"},
+    "replicas.disagreed": {"attempt", "state", "tiers", "cause", "reason"},
     "retention.deleted": {"attempt", "state", "tiers", "cause", "reason"},
     "replication.done": {"attempt"},
     "replication.lagging": {"pending", "oldest_pending_since"},
@@ -78,6 +79,9 @@ def every_action(http: httpx.Client, root: str, job: str) -> None:
     assert http.post(f"/v1/jobs/{job}/nodes/n0/checkpoints", json=body).status_code == 201
     mark = {"epoch": 1, "state": "corrupt", "attempt": "2", "tier": "local", "reason": "crc32c mismatch"}
     assert http.post(f"/v1/jobs/{job}/nodes/n0/checkpoints/mark", json=mark).status_code == 200
+    mark = {"epoch": 1, "state": "corrupt", "attempt": "1", "tier": "local", "cause": "agreement"}
+    mark["reason"] = "replicas disagree: rank 1, tensor model['w']"
+    assert http.post(f"/v1/jobs/{job}/nodes/n1/checkpoints/mark", json=mark).status_code == 200
     mark = {
         "epoch": 0,
         "state": "deleted",
@@ -113,6 +117,7 @@ EXPECTED = [
     ("checkpoint.committed", "n0", 0),
     ("replication.done", "n0", 0),
     ("copy.marked", "n0", 1),
+    ("replicas.disagreed", "n1", 1),
     ("retention.deleted", "n1", 0),
     ("health.changed", "n0", None),
     ("checkpoint.requested", None, None),
@@ -136,7 +141,7 @@ def test_every_event_type_comes_from_its_action_with_the_documented_fields(servi
     assert ids == sorted(set(ids)), "ids grow"
     good = [e for e in events if e["type"] == "position.good"]
     assert [e["data"]["last_good_epoch"] for e in good] == [0, 1]
-    assert events[20]["data"] == {"cp_accessible": False, "previous": None, "error": "timeout", "latency_ms": 12.5}
+    assert events[21]["data"] == {"cp_accessible": False, "previous": None, "error": "timeout", "latency_ms": 12.5}
 
 
 def test_a_refused_write_emits_nothing(service, job_name):

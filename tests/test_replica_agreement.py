@@ -2,7 +2,7 @@
 makes every later save not good, named (`replicas disagree: rank 1, tensor …`), evented and warned
 on every rank, and the rerun resumes from the last save before the flip — bit-equal to a run that
 never flipped; a control without the flip resumes from the newest save with nothing said; with 3
-ranks the minority is named; the comparison itself (client/engine/agreement.py) on known hashes."""
+ranks the minority is named; the comparison itself (ckptstore/agreement.py) on known hashes."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import uuid
 import numpy as np
 
 from ckptstore import Position, Store
+from ckptstore.agreement import disagreement, hashes
 from ckptstore.client import ServiceClient
-from ckptstore.client.engine.agreement import disagreement, hashes
 from tests.test_torch import assert_bit_equal, final, ranks
 
 FLIP = ["--flip-rank", "1", "--flip-epoch", "0", "--flip-batch", "4"]  # after the save at 0.3
@@ -66,7 +66,11 @@ def test_agreeing_replicas_resume_from_the_newest_save_and_nothing_is_said(tmp_p
         answer = client.last_good_epoch(job)
     assert (answer.resume.epoch, answer.resume.batch) == (0, None) and answer.not_good == [], answer
     (copy,) = Store(storage).copies(job, "node-0", Position(0))
-    assert Store(storage).manifest(copy).metadata["replica_agreement"] == {"ranks": 2, "checked": True, "disagree": None}
+    assert Store(storage).manifest(copy).metadata["replica_agreement"] == {
+        "ranks": 2,
+        "checked": True,
+        "disagree": None,
+    }
 
 
 def test_with_three_replicas_the_minority_is_named(tmp_path, sqlite_service):

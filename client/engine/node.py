@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from ckptstore import AccessReport, CheckpointRef, CopyKey, Position, Store, tracing
-from ckptstore.client.engine.agreement import disagreement_of
+from ckptstore.agreement import disagreement_of
 from ckptstore.client.engine.audit import said
 from ckptstore.client.engine.exit_codes import install_exit_codes
 from ckptstore.client.engine.fork import restore_fork

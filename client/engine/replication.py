@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable
 
 from ckptstore import CheckpointRef, CopyKey, Store, tracing
-from ckptstore.client.engine.agreement import disagreement_of
+from ckptstore.agreement import disagreement_of
 from ckptstore.client.engine.background import RetryingQueue
 from ckptstore.errors import CheckpointNotFoundError, CorruptCheckpointError, StorageUnavailableError
 

@@ -22,7 +22,7 @@ from dataclasses import replace
 from typing import Protocol, TypeVar
 
 from ckptstore import Position, Store
-from ckptstore.client.engine.agreement import disagreement_of
+from ckptstore.agreement import disagreement_of
 from ckptstore.client.service.rest import ServiceClient
 from ckptstore.copies import NoIntactCopyError, Restored, Skipped, read_nearest_intact
 from ckptstore.copykey import CopyKey

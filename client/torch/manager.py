@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ckptstore.client.engine.agreement import agreement_metadata, disagreement, hashes
+from ckptstore.agreement import agreement_metadata, disagreement, hashes
 from ckptstore.client.engine.cadence import SaveEvery
 from ckptstore.client.engine.identity import NodeIdentity
 from ckptstore.client.engine.manager import LoopManager
@@ -139,7 +139,7 @@ class CheckpointManager(LoopManager):
         """Replicated state under torch.distributed: rank 0 writes, but each rank draws from its own
         RNG (per-rank seeds), so every rank's RNG goes to rank 0 for the save, with the hashes of its
         model and optimizer state: replicas that disagree make the save not good, said on every rank
-        (client/engine/agreement.py). Not on a preemption's save, where the ranks may not all be saving
+        (ckptstore/agreement.py). Not on a preemption's save, where the ranks may not all be saving
         at once (a collective then would hang): its copy says the replicas were not checked."""
         import torch.distributed as dist
 

@@ -56,7 +56,9 @@ def test_a_position_is_good_only_when_every_expected_node_committed(service, job
         commit(client, service, job_name, "n1", 0)
         answer = last_good(client, job_name)
         assert answer["epoch"] is None and answer["resume"] is None
-        assert answer["not_good"] == [{"epoch": 0, "batch": None, "missing": ["n2"], "corrupt": [], "deleted": []}]
+        assert answer["not_good"] == [
+            {"epoch": 0, "batch": None, "missing": ["n2"], "corrupt": [], "deleted": [], "reasons": {}}
+        ]
         commit(client, service, job_name, "n2", 0)
         answer = last_good(client, job_name)
         assert answer["epoch"] == 0 and answer["resume"] == {"epoch": 0, "batch": None}
@@ -98,7 +100,9 @@ def test_out_of_order_commits_and_mid_epoch_positions(service, job_name):
         commit(client, service, job_name, "n0", 3, batch=80)
         answer = last_good(client, job_name)
         assert answer["epoch"] == 2 and answer["resume"] == {"epoch": 3, "batch": 50}
-        assert answer["not_good"] == [{"epoch": 3, "batch": 80, "missing": ["n1", "n2"], "corrupt": [], "deleted": []}]
+        assert answer["not_good"] == [
+            {"epoch": 3, "batch": 80, "missing": ["n1", "n2"], "corrupt": [], "deleted": [], "reasons": {}}
+        ]
         assert last_good(client, job_name, max_epoch=1)["epoch"] is None, "epoch 1 never became good"
         capped = last_good(client, job_name, max_epoch=2)
         assert capped["epoch"] == 2 and capped["resume"] == {"epoch": 2, "batch": None}
@@ -116,7 +120,16 @@ def test_a_corrupt_mark_demotes_the_position(service, job_name):
         assert marked.status_code == 200 and marked.json()[0]["state"] == "corrupt"
         answer = last_good(client, job_name)
         assert answer["epoch"] == 0
-        assert answer["not_good"] == [{"epoch": 1, "batch": None, "missing": [], "corrupt": ["n1"], "deleted": []}]
+        assert answer["not_good"] == [
+            {
+                "epoch": 1,
+                "batch": None,
+                "missing": [],
+                "corrupt": ["n1"],
+                "deleted": [],
+                "reasons": {"n1": "verify: checksum mismatch"},
+            }
+        ]
         commit(client, service, job_name, "n1", 1, attempt=2)  # a later attempt re-saves it
         assert last_good(client, job_name)["epoch"] == 1
         listed = client.get(f"/v1/jobs/{job_name}/checkpoints", params={"state": "corrupt"}).json()

@@ -1,50 +1,120 @@
-"""What replica agreement costs a save (issue 47): hashing a rank's state against the save's blocked
-time, both on 1 GiB of float32 tensors in this process, interleaved.
+"""What replica agreement costs a save (issue 47): 2 DDP ranks on gloo, 1 GiB of replicated state,
+the writer's blocked time per save with agreement against the same saves in a tree without it.
 
-    python bench/agreement.py [--gib 1] [--tensors 64] [--reps 5]
+    python bench/agreement.py [--gib 1] [--saves 5] [--rounds 3] [--previous REF]
 
-The blocked time of an async save is its capture: the state copied into the staging buffers
-(`snapshot_arrays`, what training waits for). Agreement adds, on every rank, a CRC32C of every tensor
-of the model and optimizer (ckptstore/agreement.py `hashes`) before the save, and a gather of a
-few bytes per tensor (not measured here: ~1 ms on 2 gloo ranks).
+Each round runs this tree and `git archive REF` (default abd3b5c, the head before agreement) in
+turn, interleaved: two processes (RANK 0 and 1) with a model of --gib GiB (float32 Linear layers,
+SGD without momentum: the state is the model), `CheckpointManager(replicated=True, async_save=True)`
+on a local folder, one training step then one mid-epoch save, --saves times; each rank times its
+`save()` call (what training waits for: on rank 0 the capture into the staging buffers, on rank 1
+its hashes and the gather) and waits for the write outside the timing. Each rank is pinned to a
+core of its own (ranks on a cluster do not share cores; unpinned on 2 cores, rank 1's hashing and
+rank 0's capture threads slow each other). Reports the medians.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-import numpy as np  # noqa: E402
 
-from ckptstore.agreement import hashes  # noqa: E402
-from ckptstore.client.engine.staging import snapshot_arrays  # noqa: E402
+def worker(tree: str, storage: str, gib: float, saves: int, out: str) -> None:
+    sys.path.insert(0, tree)
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+
+    from ckptstore.client.torch import CheckpointManager
+
+    dist.init_process_group("gloo")
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) >= 2:  # one core per rank, as ranks on machines of their own: no rank's work slows another's
+        os.sched_setaffinity(0, {cores[dist.get_rank() % len(cores)]})
+    torch.manual_seed(0)
+    width = 8192
+    layers = max(1, round(gib * 2**30 / (width * width * 4)))
+    model = nn.parallel.DistributedDataParallel(nn.Sequential(*[nn.Linear(width, width) for _ in range(layers)]))
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-6)
+    manager = CheckpointManager(
+        objects={"model": model, "optimizer": optimizer}, storage=storage, job="agree", async_save=True, max_to_keep=2
+    )
+    manager.restore_or_initialize()
+    blocked = []
+    for batch in range(saves):
+        optimizer.zero_grad()
+        model(torch.randn(4, width)).sum().backward()
+        optimizer.step()
+        started = time.perf_counter()
+        manager.save(0, batch=batch + 1)
+        blocked.append(time.perf_counter() - started)
+        manager.wait()
+        dist.barrier()
+    manager.close()
+    import ckptstore
+
+    with open(out, "w") as file:
+        json.dump({"blocked": blocked, "module": ckptstore.__file__}, file)
+    dist.destroy_process_group()
+
+
+def run(tree: str, gib: float, saves: int, folder: str, port: int) -> list[dict]:
+    storage = tempfile.mkdtemp(dir=folder)
+    outs = [os.path.join(folder, f"rank{rank}-{port}.json") for rank in range(2)]
+    processes = [
+        subprocess.Popen(
+            [sys.executable, __file__, "--worker", tree, storage, str(gib), str(saves), outs[rank]],
+            env=os.environ
+            | {"RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)},
+        )
+        for rank in range(2)
+    ]
+    for process in processes:
+        if process.wait() != 0:
+            raise SystemExit(f"a rank failed in {tree}")
+    results = []
+    for out in outs:
+        with open(out) as file:
+            results.append(json.load(file))
+    return results
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["--worker"]:
+        tree, storage, gib, saves, out = sys.argv[2:7]
+        worker(tree, storage, float(gib), int(saves), out)
+        return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gib", type=float, default=1.0)
-    parser.add_argument("--tensors", type=int, default=64)
-    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--saves", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--previous", default="abd3b5c")
     args = parser.parse_args()
-    each = int(args.gib * 2**30 / 4 / args.tensors)
-    views = {f"t{i}": np.random.default_rng(i).random(each, dtype=np.float32) for i in range(args.tensors)}
-    staging: dict[str, np.ndarray] = {}
-    capture, hashing = [], []
-    for _ in range(args.reps):
-        started = time.perf_counter()
-        snapshot_arrays(views, staging)
-        capture.append(time.perf_counter() - started)
-        started = time.perf_counter()
-        hashes(views)
-        hashing.append(time.perf_counter() - started)
-    c, h = statistics.median(capture), statistics.median(hashing)
-    print(f"{args.gib} GiB in {args.tensors} tensors, median of {args.reps} interleaved:")
-    print(f"save blocked (capture into staging): {c:.3f} s; agreement hashing: {h:.3f} s; ratio {h / c:.2f}")
+    with tempfile.TemporaryDirectory() as folder:
+        previous = os.path.join(folder, "previous")
+        os.makedirs(previous)
+        archive = subprocess.run(["git", "archive", args.previous], cwd=ROOT, capture_output=True, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", previous], input=archive, check=True)
+        blocked: dict[str, list[list[float]]] = {"agreement": [[], []], "previous": [[], []]}
+        port = 29600
+        for _ in range(args.rounds):
+            for name, tree in (("agreement", ROOT), ("previous", previous)):
+                port += 1
+                for rank, result in enumerate(run(tree, args.gib, args.saves, folder, port)):
+                    assert result["module"].startswith(tree), result["module"]
+                    blocked[name][rank] += result["blocked"][1:]  # the first save prepares the staging buffers
+    print(f"{args.gib} GiB replicated on 2 gloo ranks, median blocked per save over {args.rounds} rounds:")
+    for rank in range(2):
+        now, before = (statistics.median(blocked[name][rank]) for name in ("agreement", "previous"))
+        print(f"rank {rank}: with agreement {now:.3f} s, {args.previous} {before:.3f} s, ratio {now / before:.3f}")
 
 
 if __name__ == "__main__":

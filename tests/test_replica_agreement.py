@@ -11,7 +11,7 @@ import uuid
 import numpy as np
 
 from ckptstore import Position, Store
-from ckptstore.agreement import disagreement, hashes
+from ckptstore.agreement import disagreement, disagreement_of, hashes
 from ckptstore.client import ServiceClient
 from tests.test_torch import assert_bit_equal, final, ranks
 
@@ -21,12 +21,17 @@ MOMENTUM = "optimizer['state'][0]['exp_avg']"  # the tensor flipped
 
 
 def test_the_comparison_names_the_minority_or_the_rank_that_is_not_the_writer():
-    same = {"model.w": 1, "optimizer.m": 2}
+    same = {"model/00000": "00000001", "optimizer/00000": "00000002"}
+    names = {"model/00000": "model['w']"}
     assert disagreement([same, same, same]) is None
-    assert disagreement([same, same | {"optimizer.m": 3}]) == "replicas disagree: rank 1, tensor optimizer.m"
-    assert disagreement([same | {"model.w": 9}, same, same]) == "replicas disagree: rank 0, tensor model.w"
-    assert disagreement([same, {"model.w": 1}]) == "replicas disagree: rank 1, tensor optimizer.m"
-    many = [dict.fromkeys("abcde", 0), dict.fromkeys("abcde", 1)]
+    changed = same | {"optimizer/00000": "00000003"}
+    assert disagreement([same, changed]) == "replicas disagree: rank 1, tensor optimizer/00000"
+    assert (
+        disagreement([same | {"model/00000": "9"}, same, same], names) == "replicas disagree: rank 0, tensor model['w']"
+    )
+    assert disagreement([same, changed, changed]) == "replicas disagree: rank 0, tensor optimizer/00000"
+    assert disagreement([same, {"model/00000": "00000001"}]) == "replicas disagree: rank 1, tensor optimizer/00000"
+    many = [dict.fromkeys("abcde", "0"), dict.fromkeys("abcde", "1")]
     assert disagreement(many) == "replicas disagree: rank 1, tensor a, b, c and 2 more"
     arrays = {"x": np.arange(4, dtype=np.float32)}
     flipped = {"x": arrays["x"].copy()}
@@ -57,6 +62,18 @@ def test_a_flipped_bit_on_rank_1_is_caught_and_the_rerun_resumes_from_before_it(
     assert Store(storage).list_nodes(job) == ["node-0"]
 
 
+def test_without_a_service_the_copy_itself_says_its_replicas_disagreed(tmp_path):
+    """No service to mark it: restore reads the disagreement from the copy's manifest and passes over it."""
+    storage, job = str(tmp_path / "ckpt"), f"agree-solo-{uuid.uuid4().hex[:6]}"
+    baseline = ranks(tmp_path, 2, "--storage", str(tmp_path / "base"), "--job", job)
+    ranks(tmp_path, 2, "--storage", storage, "--job", job, *FLIP, *KILL, killed_rank=0)
+    resumed = ranks(tmp_path, 2, "--storage", storage, "--job", job)
+    assert [r.splitlines()[0] for r in resumed] == ["RESUMED 0 3", "RESUMED 0 3"]
+    assert "replicas disagree: rank 1" in resumed[0], "the skipped copies are said"
+    for got, want in zip(resumed, baseline, strict=True):
+        assert_bit_equal(final(got), final(want))
+
+
 def test_agreeing_replicas_resume_from_the_newest_save_and_nothing_is_said(tmp_path, sqlite_service):
     storage, url = f"{sqlite_service.storage}/agree-{uuid.uuid4().hex[:6]}", sqlite_service.live.url
     job = f"agree-ok-{uuid.uuid4().hex[:6]}"
@@ -66,11 +83,10 @@ def test_agreeing_replicas_resume_from_the_newest_save_and_nothing_is_said(tmp_p
         answer = client.last_good_epoch(job)
     assert (answer.resume.epoch, answer.resume.batch) == (0, None) and answer.not_good == [], answer
     (copy,) = Store(storage).copies(job, "node-0", Position(0))
-    assert Store(storage).manifest(copy).metadata["replica_agreement"] == {
-        "ranks": 2,
-        "checked": True,
-        "disagree": None,
-    }
+    manifest = Store(storage).manifest(copy)
+    agreement = manifest.metadata["replica_agreement"]
+    assert agreement["checked"] is True and agreement["differing"] == {} and disagreement_of(manifest) is None
+    assert len(agreement["replicas"]) == len(agreement["names"]) > 0, "every tensor compared, named"
 
 
 def test_with_three_replicas_the_minority_is_named(tmp_path, sqlite_service):
@@ -90,6 +106,5 @@ def test_a_preemption_save_compares_nothing_and_its_copy_says_so(tmp_path, monke
     manager, *_ = run(str(tmp_path / "ckpt"), "preempted")
     monkeypatch.setattr(manager, "_world", lambda: (2, 0))
     manager._gather(collective=False)
-    _, metadata = manager._capture()
-    assert metadata["replica_agreement"] == {"ranks": 2, "checked": False, "disagree": None}
+    assert manager._compare_replicas(captured=True) == {"replica_agreement": {"ranks": 2, "checked": False}}
     manager.close()

@@ -78,6 +78,11 @@ class LoopManager:
         """Called on every process as a save begins, writer or not (`collective`: the processes are all
         saving now, so a collective may run)."""
 
+    def _compare_replicas(self, *, captured: bool) -> dict[str, Any]:
+        """Called on every process after the writer captured its state (`captured`: it did, and saves it):
+        what the copy's metadata keeps of the replicas' agreement (ckptstore/agreement.py)."""
+        return {}
+
     def _started(self) -> None:
         """Called once the start is over (restored or fresh)."""
 
@@ -199,6 +204,7 @@ class LoopManager:
         self._gather(collective=not self.preemption.pending)
         # The staging buffers are free once the previous write is done: `ready` waits for it, or skips.
         if not self.checkpointer.writes or not self.checkpointer.ready(position):
+            self._compare_replicas(captured=False)
             return False
         with tracing.span("ckptstore.snapshot", **self._where(position)) as span:
             views, described = self._capture()
@@ -207,6 +213,7 @@ class LoopManager:
             arrays = snapshot_arrays(views, self._staging) if self.checkpointer.options.async_save else views
             if span is not None:  # tracing on: the sum costs a pass over every array otherwise
                 tracing.set_attributes(span, bytes=sum(a.nbytes for a in arrays.values()))
+        described |= self._compare_replicas(captured=True)
         saved = self.checkpointer.save(
             position, arrays, step=step, metrics=metrics, metadata={**described, **(metadata or {})}
         )

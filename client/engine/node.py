@@ -109,6 +109,7 @@ class NodeCheckpointer:
         self._replicator: Replicator | None = None
         self.requests: CheckpointRequests | None = None  # checkpoint-now, followed once registered
         self._durable_away = False  # the durable tier did not answer at start: the start reads without it
+        self._disagreement: str | None = None  # replicas disagreed at a save: not told to the other ranks yet
         if self.local_store is not None:
             self._replicator = Replicator(
                 self.local_store,
@@ -394,9 +395,11 @@ class NodeCheckpointer:
         self.reports.saved()
         self.reports.stats("save", time.perf_counter() - started, ref.bytes)
         self.reports.commit(Commit(ref, metrics))
-        disagree = disagreement_of(metadata)
+        disagree = disagreement_of(ref.manifest)
         if disagree is not None:  # kept for inspection, never resumed from, never replicated
             self.reports.mark(ref.key, "corrupt", cause="agreement", reason=disagree)
+            log.warning("%s: the save at %s is kept but not good", disagree, position)
+            self._disagreement = disagree
         elif ref.key.tier == "durable":
             self._retain()
         elif self._replicator is not None:
@@ -430,6 +433,12 @@ class NodeCheckpointer:
         self._deleting(copy)
         delete_copy(store, copy)
         self.reports.mark(copy, "deleted", cause=cause, reason=reason)
+
+    def take_disagreement(self) -> str | None:
+        """The newest replica disagreement a save of this process found since the last call (the other
+        ranks are told at the next save)."""
+        disagree, self._disagreement = self._disagreement, None
+        return disagree
 
     def _deleting(self, copy: CopyKey) -> None:
         """A copy of this node is deleted on purpose: a local one waiting for replication need not be."""

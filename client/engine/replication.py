@@ -110,7 +110,7 @@ class Replicator:
             self._forgotten.discard(copy)
             self.deleted_unreplicated += 1
             return
-        if disagreement_of(self.local.manifest(copy).metadata) is not None:
+        if disagreement_of(self.local.manifest(copy)) is not None:
             return  # replicas disagreed at that save: kept locally for inspection, never made durable
         durable = copy.on("durable")
         if durable in self.durable.copies(self.job, self.node, copy.position):

@@ -263,7 +263,7 @@ class Restorer:
             except NoIntactCopyError as exc:
                 self.skipped.extend(exc.skipped)
                 continue
-            disagree = disagreement_of(restored.checkpoint.manifest.metadata)
+            disagree = disagreement_of(restored.checkpoint.manifest)
             if disagree is not None:  # the service would have it marked: without one, its manifest says so
                 self.skipped.append(Skipped(restored.copy, "corrupt", disagree))
                 continue

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ckptstore.agreement import agreement_metadata, disagreement, hashes
+from ckptstore.agreement import agreement_metadata, hashes, unchecked_metadata
 from ckptstore.client.engine.cadence import SaveEvery
 from ckptstore.client.engine.identity import NodeIdentity
 from ckptstore.client.engine.manager import LoopManager
@@ -126,7 +126,7 @@ class CheckpointManager(LoopManager):
         self.objects = dict(objects)
         self.replicated = replicated
         self._rank_rngs: list[Any] | None = None  # every rank's (RNG, seed), gathered for the save (rank 0 writes)
-        self._agreement: dict[str, Any] = {}  # what the save's manifest says of the replicas' agreement
+        self._comparing = False  # this save's replicas are compared (a collective save of replicated state)
 
     def _world(self) -> tuple[int, int]:
         import torch.distributed as dist
@@ -137,41 +137,55 @@ class CheckpointManager(LoopManager):
 
     def _gather(self, *, collective: bool) -> None:
         """Replicated state under torch.distributed: rank 0 writes, but each rank draws from its own
-        RNG (per-rank seeds), so every rank's RNG goes to rank 0 for the save, with the hashes of its
-        model and optimizer state: replicas that disagree make the save not good, said on every rank
-        (ckptstore/agreement.py). Not on a preemption's save, where the ranks may not all be saving
-        at once (a collective then would hang): its copy says the replicas were not checked."""
+        RNG (per-rank seeds), so every rank's RNG goes to rank 0 for the save; rank 0 tells every rank
+        whether the replicas disagreed at a save since the last (its copy is not good: each rank warns,
+        or raises under on_error="raise"). Not on a preemption's save, where the ranks may not all be
+        saving at once (a collective then would hang): its copy says the replicas were not compared."""
         import torch.distributed as dist
 
-        self._rank_rngs, self._agreement = None, {}
+        self._rank_rngs, self._comparing = None, False
         size, rank = self._world()
         if not (self.replicated and size > 1):
             return
         if not collective:
-            self._agreement = agreement_metadata(size, checked=False, reason=None)
             if rank == 0:
                 log.info("a preemption's save: replicas not compared (the other ranks may not be saving)")
             return
         gathered: list[Any] | None = [None] * size if rank == 0 else None
-        dist.gather_object((rng_state(), torch.initial_seed(), self._state_hashes()), gathered, dst=0)
-        verdict = [None if gathered is None else disagreement([ranked[2] for ranked in gathered])]
-        dist.broadcast_object_list(verdict, src=0)
-        reason = verdict[0]
-        self._rank_rngs = None if gathered is None else [(rng, seed) for rng, seed, _ in gathered]
-        self._agreement = agreement_metadata(size, checked=True, reason=reason)
-        if reason is not None:
+        dist.gather_object((rng_state(), torch.initial_seed()), gathered, dst=0)
+        self._rank_rngs, self._comparing = gathered, True
+        told = [self.checkpointer.take_disagreement() if rank == 0 else None]
+        dist.broadcast_object_list(told, src=0)
+        if told[0] is not None:
             if self.options.on_error == "raise":
-                raise ReplicasDisagreeError(f"{reason} (rank {rank} of {size})")
-            log.warning("%s: this save is kept but not good; the resume goes to where they agreed", reason)
+                raise ReplicasDisagreeError(f"{told[0]} (rank {rank} of {size})")
+            log.warning("%s: that save is kept but not good; a resume goes to where they agreed", told[0])
 
-    def _state_hashes(self) -> dict[str, int]:
-        """CRC32C of every tensor of the model, optimizer and other non-data objects, by its path."""
+    def _compare_replicas(self, *, captured: bool) -> dict[str, Any]:
+        """Every rank but the writer hashes its model and optimizer state while the writer captures
+        its own (they are the same step: the next all-reduce waits for the writer), and the writer
+        gathers those hashes for its copy's metadata (ckptstore/agreement.py)."""
+        import torch.distributed as dist
+
+        size, rank = self._world()
+        if not self._comparing:
+            return {} if size == 1 or not self.replicated else unchecked_metadata(size)
+        sent = None if rank == 0 else self._state_hashes(named=rank == 1)
+        gathered: list[Any] | None = [None] * size if rank == 0 else None
+        dist.gather_object(sent, gathered, dst=0)
+        if gathered is None or not captured:
+            return {}
+        return agreement_metadata([ranked[0] for ranked in gathered[1:]], gathered[1][1])
+
+    def _state_hashes(self, *, named: bool) -> tuple[dict[str, str], dict[str, str]]:
+        """The CRC32C of every tensor of the model, optimizer and other non-data objects by its key in
+        the checkpoint, and (`named`) each key's path as a person reads it."""
         views: dict[str, np.ndarray] = {}
         names: dict[str, str] = {}
         for name, obj in self.objects.items():
             if not is_data(obj):
-                flatten(obj.state_dict(), name, views, names)
-        return {names[key]: value for key, value in hashes(views).items()}
+                flatten(obj.state_dict(), name, views, names if named else None)
+        return hashes(views), names
 
     @property
     def _decided_apart(self) -> bool:
@@ -212,7 +226,7 @@ class CheckpointManager(LoopManager):
         if generators:
             tree[LOADER_GENERATORS] = flatten(generators, LOADER_GENERATORS, views)
         described = fingerprint(self.objects, states, world=world, seed=torch.initial_seed(), rank_seeds=rank_seeds)
-        return views, {STATE_KEY: json.dumps(tree), FINGERPRINT_KEY: described, **self._agreement}
+        return views, {STATE_KEY: json.dumps(tree), FINGERPRINT_KEY: described}
 
     def _live_fingerprint(self, arrays: Mapping[str, np.ndarray], metadata: Mapping[str, Any]) -> dict[str, Any]:
         """Models and optimizers as they are; data objects at the checkpoint's position (asking a loader

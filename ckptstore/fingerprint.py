@@ -37,17 +37,19 @@ def verdict(found: list[str]) -> Verdict:
     return "drift" if found else "exact"
 
 
-def differences(saved: Mapping[str, Any], live: Mapping[str, Any]) -> list[str]:
+def differences(saved: Mapping[str, Any], live: Mapping[str, Any], *, positions: bool = True) -> list[str]:
     """Every way the live run differs from the saved one, each named in a sentence (empty: exact). The
     saved fingerprint is read from storage: untrusted input. One that does not have the shape this
-    module writes (a number as text, a list for a mapping) is drift, said so, never an exception."""
+    module writes (a number as text, a list for a mapping) is drift, said so, never an exception.
+    `positions=False` compares what two positions of one run share: not the next samples each leads
+    to, which differ from one position to the next by construction (`ckptstore diff`)."""
     try:
-        return _differences(saved, live)
+        return _differences(saved, live, positions)
     except (AttributeError, TypeError, KeyError, IndexError, ValueError) as exc:
         return [f"checkpoint: its fingerprint is malformed ({type(exc).__name__}: {exc}), so nothing could be compared"]
 
 
-def _differences(saved: Mapping[str, Any], live: Mapping[str, Any]) -> list[str]:
+def _differences(saved: Mapping[str, Any], live: Mapping[str, Any], positions: bool) -> list[str]:
     found: list[str] = []
     found += _framework(saved.get("framework", {}), live.get("framework", {}))
     found += _world(saved, live)
@@ -57,7 +59,7 @@ def _differences(saved: Mapping[str, Any], live: Mapping[str, Any]) -> list[str]
     if seed is not None and live.get("seed") is not None and seed != live["seed"]:
         found.append(f"seed: the saved run was seeded with {seed}, this run with {live['seed']}")
     found += _objects(saved.get("objects", {}), live.get("objects", {}))
-    found += _data(saved.get("data", {}), live.get("data", {}))
+    found += _data(saved.get("data", {}), live.get("data", {}), positions)
     return found
 
 
@@ -112,7 +114,7 @@ def _arrays(name: str, saved: Mapping[str, str], live: Mapping[str, str]) -> lis
     return [f"{name}: {'; '.join(changes[:MAX_NAMED])}{more}"]
 
 
-def _data(saved: Mapping[str, Any], live: Mapping[str, Any]) -> list[str]:
+def _data(saved: Mapping[str, Any], live: Mapping[str, Any], positions: bool) -> list[str]:
     found = []
     for name in sorted(set(saved) & set(live)):
         was, now = saved[name], live[name]
@@ -122,7 +124,7 @@ def _data(saved: Mapping[str, Any], live: Mapping[str, Any]) -> list[str]:
             if field in was and field in now and was[field] != now[field]
         ]
         found += changed
-        if "next" in was and "next" in now and was["next"] != now["next"] and not changed:
+        if positions and "next" in was and "next" in now and was["next"] != now["next"] and not changed:
             found.append(
                 f"data ({name}): the next sample indices differ from the saved run's "
                 f"({now.get('type')}/{now.get('sampler', '-')}, restored state replayed)"

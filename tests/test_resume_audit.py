@@ -15,6 +15,7 @@ torch = pytest.importorskip("torch", reason="the [torch] extra is not installed"
 from torch import nn  # noqa: E402
 from torchdata.stateful_dataloader import StatefulDataLoader  # noqa: E402
 
+from ckptstore import Position, Store  # noqa: E402
 from ckptstore.client.torch import CheckpointManager  # noqa: E402
 from ckptstore.errors import ResumeDriftError  # noqa: E402
 
@@ -157,6 +158,33 @@ def test_ckptstore_diff_names_what_changed_between_two_positions(tmp_path, sqlit
     answer = json.loads(capsys.readouterr().out)
     assert "data (data): batch size 8 → 16" in answer["differences"]
     assert main(["diff", job, "0:3", "7", "--url", url]) == 3, "a position with no copy: not found"
+
+
+def test_ckptstore_diff_of_two_positions_of_one_unchanged_run_finds_nothing(tmp_path, capsys):
+    """Two positions of one run have different next samples by construction: diff compares what they
+    share, and says the same run (exit 0); the resume audit still compares the next samples."""
+    from ckptstore.client.cli.main import main
+    from ckptstore.fingerprint import differences
+
+    root, job = str(tmp_path / "ckpt"), f"diff-same-{uuid.uuid4().hex[:6]}"
+    manager, model, optimizer, loader = run(root, job)
+    manager.restore_or_initialize()
+    for batch, (x,) in enumerate(loader):
+        optimizer.zero_grad()
+        model(x).sum().backward()
+        optimizer.step()
+        if batch + 1 in (3, 6):
+            manager.save(0, batch=batch + 1)
+        if batch + 1 == 6:
+            break
+    manager.close()
+    capsys.readouterr()
+    store = Store(root)
+    copies = [store.copies(job, "n0", Position(0, batch))[0] for batch in (3, 6)]
+    assert main(["diff", job, *(store.location(copy) for copy in copies)]) == 0
+    assert "the same run" in capsys.readouterr().out
+    fingerprints = [store.manifest(copy).metadata["fingerprint"] for copy in copies]
+    assert any("next sample indices differ" in d for d in differences(*fingerprints)), "a resume still compares them"
 
 
 def test_a_world_size_change_and_a_rank_without_its_own_rng_are_named():

@@ -46,7 +46,7 @@ class BackupAndRestore(keras.callbacks.Callback):
     `token=`, `max_to_keep=`, `on_error=`, `resume_check=`, `fresh_start=`, …).
     With an int `save_freq` an end-of-epoch checkpoint is taken too, so a last good epoch exists.
     `save_freq="auto"` follows the interval the service recommends for the job (client/engine/cadence.py:
-    each epoch until the job has failed twice), `"continuous"` saves as soon as the previous save is
+    every epoch end, and within epochs once the job has failed twice), `"continuous"` saves as soon as the previous save is
     committed; `save_every_seconds=S` saves once S seconds have passed (beside `save_freq`; with
     "auto", its upper bound).
     """

@@ -51,7 +51,7 @@ def advice(interval: float | None, cost: float | None = 1.0) -> Advice:
     return Advice(job="j", failures=3, mtbf_seconds=mtbf, save_cost_seconds=cost, interval_seconds=interval)
 
 
-def test_auto_saves_each_epoch_without_history_then_the_bounded_recommendation():
+def test_auto_saves_each_epoch_and_within_epochs_the_bounded_recommendation():
     auto = SaveCadence("auto")
     assert due(auto, 0, None) and not due(auto, 0, 5) and auto.interval_seconds() is None
     auto.advice = advice(None)
@@ -60,7 +60,8 @@ def test_auto_saves_each_epoch_without_history_then_the_bounded_recommendation()
     assert auto.interval_seconds() == 1.0 / MAX_OVERHEAD, "never above MAX_OVERHEAD of the time"
     auto.advice = advice(60.0, cost=0.5)
     assert auto.interval_seconds() == 60.0
-    assert not due(auto, 0, None), "with a recommendation an epoch's end is not due by itself"
+    assert due(auto, 3, None), "an epoch's end stays due with a recommendation: the final model is kept"
+    assert not due(auto, 3, 5), "within an epoch, the interval decides"
     capped = SaveCadence("auto", 30.0)
     capped.advice = advice(60.0, cost=0.5)
     assert capped.interval_seconds() == 30.0, "never slower than the user's save_every_seconds"
@@ -160,6 +161,9 @@ def test_keras_auto_saves_each_epoch_on_a_fresh_job_and_follows_the_interval_aft
     assert interval is not None and interval < 1.0, interval  # 12 batches of ≥ 0.1 s: an epoch lasts ≥ 1.2 s
     third = [(e, b) for a, e, b in committed if a == "3"]
     assert any(b is not None for _, b in third), f"the third fit saves mid-epoch on the interval: {third}"
+    assert {e for e, b in third if b is None} == {3, 4}, f"and every epoch's end, the final model's too: {third}"
+    with ServiceClient(sqlite_service.live.url) as client:
+        assert client.last_good_epoch(job).epoch == 4
 
 
 def test_ddp_ranks_agree_on_every_timed_save_and_resume_exactly(tmp_path, sqlite_service):

@@ -7,7 +7,7 @@
 - `"continuous"`: whenever the previous save is off the loop's hands (committed on its first tier),
   so the loop may call `save()` every batch and a new save starts as soon as one can;
 - `"auto"`: the interval the service recommends for the job (Young/Daly, `GET …/advice`), asked at
-  start and every `ADVICE_REFRESH_S`; each epoch's end until the job has the history for one. The
+  start and every `ADVICE_REFRESH_S`, and every epoch's end (the last one is the final model). The
   recommendation is bounded below so that saving costs at most `MAX_OVERHEAD` of the time, and
   above by `save_every_seconds` when that is given: never slower than the user's own minimum;
 - `save_every_seconds=S`: a call made S seconds or more after the last save began (beside N, or
@@ -79,10 +79,8 @@ class SaveCadence:
             return True
         if every == "continuous":
             return not writing
-        if position.batch is None and (every == "epoch" or isinstance(every, int)):
-            return True
-        if every == "auto" and position.batch is None and self._recommended() is None:
-            return True  # each epoch's end until the job has the history for an interval
+        if position.batch is None and (every in ("epoch", "auto") or isinstance(every, int)):
+            return True  # every epoch's end: under "auto" too, so the newest epoch — the final model — is kept
         if isinstance(every, int) and position.batch is not None and position.batch >= self._next_multiple(position):
             return True
         return self._timer_due()

@@ -227,7 +227,8 @@ class BackupAndRestore(TrainerCallback):
                 )
         loader = kwargs.get("train_dataloader")
         if loader is not None:
-            self._steps_per_epoch = max(len(loader) // max(args.gradient_accumulation_steps, 1), 1)
+            # The Trainer's optimizer steps an epoch: the last one takes the batches left (fewer than accumulated).
+            self._steps_per_epoch = max(-(-len(loader) // max(args.gradient_accumulation_steps, 1)), 1)
             self._length = _length(getattr(loader, "dataset", None))
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:

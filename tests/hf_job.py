@@ -3,6 +3,7 @@ a 2-layer GPT-2 built from a config (dropout on), synthetic tokens, the Trainer'
 a checkpoint every 3 steps.
 
     python -m tests.hf_job --storage ROOT --job JOB --out OUT.npz [--kill-at STEP]
+                           [--sequences N] [--accumulate GRADIENT_ACCUMULATION_STEPS]
 
 Writes the final weights and optimizer state to OUT.npz. `--kill-at` SIGKILLs the process once the
 Trainer finished that optimizer step (and ckptstore committed the save in flight).
@@ -23,11 +24,11 @@ TOKENS, LENGTH, VOCAB = 96, 16, 64
 
 
 class Tokens(torch.utils.data.Dataset):
-    def __init__(self) -> None:
-        self.ids = torch.randint(0, VOCAB, (TOKENS, LENGTH), generator=torch.Generator().manual_seed(3))
+    def __init__(self, count: int = TOKENS) -> None:
+        self.ids = torch.randint(0, VOCAB, (count, LENGTH), generator=torch.Generator().manual_seed(3))
 
     def __len__(self) -> int:
-        return TOKENS
+        return len(self.ids)
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         return {"input_ids": self.ids[index], "labels": self.ids[index]}
@@ -35,6 +36,8 @@ class Tokens(torch.utils.data.Dataset):
 
 def main() -> None:
     parser = job_parser()
+    parser.add_argument("--sequences", type=int, default=TOKENS)
+    parser.add_argument("--accumulate", type=int, default=1, help="gradient_accumulation_steps")
     args = parser.parse_args()
     torch.manual_seed(0)
     config = GPT2Config(vocab_size=VOCAB, n_positions=LENGTH, n_embd=32, n_layer=2, n_head=2)
@@ -42,6 +45,7 @@ def main() -> None:
     training = TrainingArguments(
         output_dir=os.path.join(os.path.dirname(args.storage), "hf-output", args.job),
         per_device_train_batch_size=8,
+        gradient_accumulation_steps=args.accumulate,
         num_train_epochs=3,
         save_strategy="steps",
         save_steps=3,
@@ -65,7 +69,13 @@ def main() -> None:
     kill_at = args.kill_at
     placeholders = {'"s3://ckpt/jobs"': repr(args.storage), 'job="lm"': f'job={args.job!r}, node="n0"'}
     placeholders["from ckptstore.client.hf import BackupAndRestore\n"] = ""
-    namespace = {"Trainer": Trainer, "model": model, "args": training, "dataset": Tokens(), "BackupAndRestore": Backup}
+    namespace = {
+        "Trainer": Trainer,
+        "model": model,
+        "args": training,
+        "dataset": Tokens(args.sequences),
+        "BackupAndRestore": Backup,
+    }
     exec(compile(documented_block("docs/hf.md", "## The callback", placeholders), "docs/hf.md", "exec"), namespace)
     trainer = namespace["trainer"]
     state = {f"model/{k}": v.detach().numpy().copy() for k, v in model.state_dict().items()}

@@ -49,6 +49,20 @@ def test_a_corrupt_newest_copy_is_fallen_back_from(tmp_path, uninterrupted):
     assert_same(final, uninterrupted, at_least=50)
 
 
+def test_positions_follow_the_trainers_steps_under_gradient_accumulation(tmp_path):
+    """25 batches an epoch, 2 accumulated per step: the Trainer takes 13 steps an epoch (the last one of 1
+    batch), so step 15 is epoch 1's second step (was labelled epoch 1 batch 3: 25 // 2 = 12 an epoch)."""
+    extra = ["--storage", str(tmp_path / "ckpt"), "--job", "accumulated", "--sequences", "200", "--accumulate", "2"]
+    run_job("hf_job", tmp_path, *extra)
+    steps_per_epoch = 13
+    expected = []
+    for step in range(3, 3 * steps_per_epoch + 1, 3):  # save_steps=3 over 3 epochs
+        epoch, batch = divmod(step, steps_per_epoch)
+        expected.append(Position(epoch - 1) if batch == 0 else Position(epoch, batch))
+    assert Store(str(tmp_path / "ckpt")).list_positions("accumulated", "n0") == sorted(expected)
+    assert Position(1, 2) in expected and Position(2) in expected
+
+
 def test_a_checkpoint_folder_round_trips_byte_for_byte_with_its_tensors_stored_as_tensors(tmp_path):
     import safetensors.numpy
 

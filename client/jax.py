@@ -26,6 +26,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from ckptstore.client.engine.audit import declared_data
 from ckptstore.client.engine.cadence import SaveEvery
 from ckptstore.client.engine.manager import LoopManager
 from ckptstore.client.engine.options import CheckpointOptions
@@ -101,7 +102,7 @@ class CheckpointManager(LoopManager):
         settings.update(job=job, storage=storage, service=service, local_storage=local_storage)
         super().__init__(options=options, save_every=save_every, save_every_seconds=save_every_seconds, **settings)
         self._state: Any = None
-        self._data = None if data is None else {"type": "jax loop", **json.loads(json.dumps(dict(data)))}
+        self._data = declared_data("jax loop", data)
 
     def restore_or_initialize(self, state: Any) -> tuple[int, Any]:  # type: ignore[override]
         """Restore the last good position into a pytree shaped like `state`; returns the next epoch to
@@ -149,7 +150,7 @@ class CheckpointManager(LoopManager):
             "framework": {"name": "jax", "versions": {"jax": jax.__version__, "jaxlib": jaxlib.__version__}},
             "world": {"size": jax.process_count(), "rank": jax.process_index()},
             "objects": {ROOT: {"type": "pytree", "arrays": {name: _spec(leaf) for name, leaf in leaves}}},
-            "data": {} if self._data is None else {"loop": self._data},
+            "data": self._data,
         }
 
     def _apply(self, arrays: Mapping[str, np.ndarray], metadata: Mapping[str, Any]) -> None:

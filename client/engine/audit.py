@@ -8,6 +8,7 @@ resume_check="raise" a drift refuses the restore before anything is assigned.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -20,7 +21,16 @@ from ckptstore.wire.schema import PositionBody, ResumeAudit
 if TYPE_CHECKING:
     from ckptstore.copies import Restored
 
-__all__ = ["AuditedNode", "audit", "judged", "audit_restored", "refuse_drift", "said", "mid_epoch_without_data"]
+__all__ = [
+    "AuditedNode",
+    "audit",
+    "judged",
+    "audit_restored",
+    "refuse_drift",
+    "said",
+    "declared_data",
+    "mid_epoch_without_data",
+]
 
 
 class AuditedNode(Protocol):
@@ -31,6 +41,12 @@ class AuditedNode(Protocol):
     reports: Reports
 
     def report_audit(self, audit: ResumeAudit) -> None: ...
+
+
+def declared_data(loop: str, data: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The fingerprint's data part for a loop that picks its batches from (epoch, batch) and says how
+    (`data=`: seed, batch_size, length, shuffle, …): recorded with every save, compared at every resume."""
+    return {} if data is None else {"loop": {"type": loop, **json.loads(json.dumps(dict(data)))}}
 
 
 def mid_epoch_without_data(position: Position, live: dict[str, Any]) -> None:

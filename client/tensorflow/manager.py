@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from ckptstore.client.engine.audit import declared_data
 from ckptstore.client.engine.manager import LoopManager
 from ckptstore.client.engine.options import CheckpointOptions
 from ckptstore.client.engine.staging import prepare_staging
@@ -75,6 +76,9 @@ class CheckpointManager(LoopManager):
     Options are `CheckpointOptions`' (storage, service, job, node, max_to_keep, async_save,
     on_error, strict, …), each defaulting to its CKPTSTORE_* variable where it has one.
     `strict=False` restores what matches and reports the rest in `restore_report`.
+    `data`: for a loop that picks its batches from (epoch, batch) — TF's MultiWorkerMirroredStrategy
+    tutorial loop, a dataset indexed by step — how it does (`seed`, `batch_size`, `length`, `shuffle`):
+    recorded with every save and compared at every resume, as a tf.data iterator in `objects` is.
     """
 
     def __init__(
@@ -82,6 +86,7 @@ class CheckpointManager(LoopManager):
         *,
         objects: Mapping[str, Any],
         options: CheckpointOptions | None = None,
+        data: Mapping[str, Any] | None = None,
         job: str | None = None,
         storage: str | None = None,
         service: str | list[str] | None = None,
@@ -92,6 +97,7 @@ class CheckpointManager(LoopManager):
             options=options, job=job, storage=storage, service=service, local_storage=local_storage, **settings
         )
         self.objects = dict(objects)
+        self._declared_data = declared_data("tf loop", data)
         self.data: dict[str, dict[str, Any]] = {}  # data positions a wrapper describes (the Keras fit's steps)
         self.epoch_rng: dict[str, Any] | None = None  # the global RNGs as the epoch began (set by the Keras callback)
         self.restored_epoch_rng: dict[str, Any] | None = None  # the same, of the checkpoint restored
@@ -134,7 +140,7 @@ class CheckpointManager(LoopManager):
 
     def _fingerprint(self, described: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
         data = {name: iterator_fingerprint(iterator) for name, iterator in self._iterators.items()} | self.data
-        return fingerprint(self._holders, described, data)
+        return fingerprint(self._holders, described, data | self._declared_data)
 
     def _started(self) -> None:
         """With async saves, allocate the staging buffers on a thread while the first epoch trains."""

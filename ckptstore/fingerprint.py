@@ -18,7 +18,7 @@ __all__ = ["FINGERPRINT_KEY", "Verdict", "differences", "verdict", "MAX_NAMED"]
 
 FINGERPRINT_KEY = "fingerprint"
 MAX_NAMED = 5  # differences named per object before "and N more"
-Verdict = Literal["exact", "drift"]
+Verdict = Literal["exact", "resharded", "drift"]
 
 _DATA_FIELDS = {
     "type": "loader",
@@ -33,8 +33,16 @@ _DATA_FIELDS = {
 }
 
 
-def verdict(found: list[str]) -> Verdict:
-    return "drift" if found else "exact"
+def verdict(found: list[str], live: Mapping[str, Any] | None = None) -> Verdict:
+    """`exact` when nothing differs; `resharded` when only the world size (and so the ranks' RNGs)
+    differs and every data object of the live run continues its global order on any world size
+    (`reshards` in its fingerprint); else `drift`."""
+    if not found:
+        return "exact"
+    data = (live or {}).get("data") or {}
+    reshards = bool(data) and all(isinstance(part, Mapping) and part.get("reshards") is True for part in data.values())
+    world_only = all(f.startswith("world size:") or (f.startswith("rank ") and ": RNG from rank 0" in f) for f in found)
+    return "resharded" if reshards and world_only and any(f.startswith("world size:") for f in found) else "drift"
 
 
 def differences(saved: Mapping[str, Any], live: Mapping[str, Any], *, positions: bool = True) -> list[str]:

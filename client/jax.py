@@ -26,6 +26,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from ckptstore import Position
 from ckptstore.client.engine.audit import declared_data
 from ckptstore.client.engine.cadence import SaveEvery
 from ckptstore.client.engine.manager import LoopManager
@@ -133,7 +134,7 @@ class CheckpointManager(LoopManager):
             self._state = state
         super().checkpoint_if_preempted(epoch, batch, requests=requests)
 
-    def _capture(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    def _capture(self, position: Position) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         leaves = _leaves(self._state)
         arrays = {name: _host(name, leaf) for name, leaf in leaves}
         keys = {name: str(jax.random.key_impl(leaf)) for name, leaf in leaves if _is_key(leaf)}

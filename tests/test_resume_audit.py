@@ -208,7 +208,7 @@ def test_a_replicated_save_without_every_ranks_rng_says_rank_0s_rng_is_restored(
 
     manager, *_ = run(str(tmp_path / "ckpt"), "preempted")
     monkeypatch.setattr(manager, "_world", lambda: (2, 0))
-    _, metadata = manager._capture()
+    _, metadata = manager._capture(Position(0, 3))
     saved = metadata["fingerprint"]
     assert saved["rng_ranks"] == 1
     assert "rank 1: RNG from rank 0 (the checkpoint holds the RNG of 1 rank(s))" in differences(

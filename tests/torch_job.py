@@ -40,6 +40,7 @@ def loader(kind: str, dataset: torch.utils.data.Dataset, seed: int):
     plain     the plain DataLoader over ckptstore's ResumableSampler, with a generator of its own;
     stateful  torchdata's StatefulDataLoader over the same sampler, two worker processes;
     docs      docs/pytorch.md's loop: DataLoader(dataset, batch_size, sampler=ResumableSampler(...));
+    ddp       the PyTorch DDP tutorial's: DataLoader(dataset, batch_size, sampler=DistributedSampler(dataset));
     shuffle   StatefulDataLoader(dataset, batch_size, shuffle=True) — torchdata's defaults;
     shuffle-gen  the same with generator=torch.Generator();
     unsaved   DataLoader(dataset, batch_size, shuffle=True), not in objects (not resumable: audited)."""
@@ -47,6 +48,9 @@ def loader(kind: str, dataset: torch.utils.data.Dataset, seed: int):
 
     from ckptstore.client.torch import ResumableSampler
 
+    if kind == "ddp":
+        sampler = torch.utils.data.distributed.DistributedSampler(dataset, seed=seed)
+        return torch.utils.data.DataLoader(dataset, batch_size=BATCH, sampler=sampler)
     if kind == "docs":
         return torch.utils.data.DataLoader(dataset, batch_size=BATCH, sampler=ResumableSampler(dataset, seed=seed))
     if kind == "shuffle":
@@ -81,7 +85,7 @@ def main() -> None:
     parser.add_argument("--service", default=None)
     parser.add_argument("--endpoint", default=None, help="S3 endpoint (moto)")
     parser.add_argument(
-        "--loader", choices=["plain", "stateful", "docs", "shuffle", "shuffle-gen", "unsaved"], default="plain"
+        "--loader", choices=["plain", "stateful", "docs", "ddp", "shuffle", "shuffle-gen", "unsaved"], default="plain"
     )
     parser.add_argument("--seed-per-rank", action="store_true", help="torch.manual_seed(base + rank), as DDP jobs do")
     parser.add_argument("--resume-check", default=None)
@@ -135,6 +139,8 @@ def main() -> None:
     print("FRESH" if resumed is None else f"RESUMED {resumed.epoch} {resumed.batch}", flush=True)
     for epoch in range(start, EPOCHS):
         model.train()
+        if args.loader == "ddp":
+            batches.sampler.set_epoch(epoch)
         for batch, (x, y) in enumerate(batches, start=manager.first_batch(epoch)):
             if (epoch, batch) == (args.kill_epoch, args.kill_batch):
                 manager.wait()

@@ -215,10 +215,11 @@ class ResumeReport(RequestModel):
 
 class ResumeAudit(RequestModel):
     """A restore's audit (ckptstore.fingerprint): the saved run's fingerprint against the live one —
-    `exact`, or `drift` with every difference named."""
+    `exact`; `resharded` (another world size, the data order continued globally: the differences say
+    from what to what); or `drift` with every difference named."""
 
     position: PositionBody | None
-    verdict: Literal["exact", "drift"]
+    verdict: Literal["exact", "resharded", "drift"]
     differences: list[Annotated[str, Field(max_length=1000)]] = Field(default_factory=list, max_length=200)
 
     @model_validator(mode="after")

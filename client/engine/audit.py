@@ -69,7 +69,7 @@ def audit(position: Position, metadata: Mapping[str, Any], live: Mapping[str, An
     else:
         found = differences(saved, live)
     found = [f[:1000] for f in found[:200]]
-    return ResumeAudit(position=PositionBody.of(position), verdict=verdict(found), differences=found)
+    return ResumeAudit(position=PositionBody.of(position), verdict=verdict(found, live), differences=found)
 
 
 def judged(report: ResumeAudit, checkpointer: AuditedNode, resume_check: str) -> ResumeAudit:
@@ -107,4 +107,9 @@ def said(report: ResumeAudit) -> str:
     if report.verdict == "exact":
         return "; resume audit: exact"
     lines = "".join(f"\n  - {difference}" for difference in report.differences)
+    if report.verdict == "resharded":
+        return (
+            "; resume audit: resharded — each rank goes on with the saved global order of samples on this "
+            f"world size (not bit-exact: the ranks and their random streams changed):{lines}"
+        )
     return f"; resume audit: DRIFT, not an exact resume ({len(report.differences)} difference(s)):{lines}"

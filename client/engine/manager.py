@@ -60,9 +60,9 @@ class LoopManager:
 
     # -- what a framework manager provides ------------------------------------------------------
 
-    def _capture(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        """The state as named host arrays — views of the live values where the framework allows —
-        and the manifest metadata that describes them."""
+    def _capture(self, position: Position) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """The state at `position` (what data objects record of it) as named host arrays — views of the
+        live values where the framework allows — and the manifest metadata that describes them."""
         raise NotImplementedError
 
     def _apply(self, arrays: Mapping[str, np.ndarray], metadata: Mapping[str, Any]) -> None:
@@ -207,7 +207,7 @@ class LoopManager:
             self._compare_replicas(captured=False)
             return False
         with tracing.span("ckptstore.snapshot", **self._where(position)) as span:
-            views, described = self._capture()
+            views, described = self._capture(position)
             # An async save writes while training goes on: from a copy. A synchronous one is written
             # before training can change anything: straight from the views (a copy of the state saved).
             arrays = snapshot_arrays(views, self._staging) if self.checkpointer.options.async_save else views

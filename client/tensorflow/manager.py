@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from ckptstore import Position
 from ckptstore.client.engine.audit import declared_data
 from ckptstore.client.engine.manager import LoopManager
 from ckptstore.client.engine.options import CheckpointOptions
@@ -152,7 +153,7 @@ class CheckpointManager(LoopManager):
         )
         self._staging_warm_up.start()
 
-    def _capture(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    def _capture(self, position: Position) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         if self._staging_warm_up is not None:
             self._staging_warm_up.join()
             self._staging_warm_up = None

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from ckptstore.client.torch.distributed import DistributedLoaderPosition
 from ckptstore.client.torch.sampler import ResumableSampler
 
 __all__ = [
@@ -117,6 +118,18 @@ def data_fingerprint(obj: Any, state: Mapping[str, Any] | None) -> dict[str, Any
     when `obj` is not a data loader or sampler."""
     if isinstance(obj, ResumableSampler):
         return {"type": "ResumableSampler"} | _sampler_part(obj, state)
+    if isinstance(obj, DistributedLoaderPosition):  # the world size may change: resharded, not drift
+        sampler = obj.sampler
+        return {
+            "type": "DataLoader",
+            "sampler": "DistributedSampler",
+            "batch_size": obj.loader.batch_size,
+            "length": len(sampler.dataset),  # type: ignore[arg-type]
+            "seed": sampler.seed,
+            "shuffle": sampler.shuffle,
+            "workers": obj.loader.num_workers,
+            "reshards": True,
+        }
     if not is_loader(obj):
         return None
     part = {"type": type(obj).__name__, "batch_size": obj.batch_size, "workers": getattr(obj, "num_workers", 0)}

@@ -27,11 +27,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from ckptstore import Position
 from ckptstore.agreement import agreement_metadata, hashes, unchecked_metadata
 from ckptstore.client.engine.cadence import SaveEvery
 from ckptstore.client.engine.identity import NodeIdentity
 from ckptstore.client.engine.manager import LoopManager
 from ckptstore.client.engine.options import CheckpointOptions
+from ckptstore.client.torch.distributed import DistributedLoaderPosition, is_distributed_loader
 from ckptstore.client.torch.fingerprint import fingerprint, is_data
 from ckptstore.client.torch.loaders import generator_states, is_loader, replay_after_first_iterator
 from ckptstore.client.torch.sampler import ResumableSampler
@@ -106,9 +108,15 @@ class CheckpointManager(LoopManager):
         local_storage: str | None = None,
         **settings: Any,
     ):
+        objects = {
+            name: DistributedLoaderPosition(obj) if is_distributed_loader(obj) else obj for name, obj in objects.items()
+        }
         for name, obj in objects.items():
             if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
-                raise TypeError(f"objects[{name!r}] has no state_dict/load_state_dict")
+                raise TypeError(
+                    f"objects[{name!r}] has no state_dict/load_state_dict (data: a DataLoader over a "
+                    "DistributedSampler or a ResumableSampler, torchdata's StatefulDataLoader, or the sampler)"
+                )
             if name in RESERVED:
                 raise ValueError(f"{name!r} names what ckptstore saves besides the objects: use another name")
         if options is None:
@@ -210,7 +218,10 @@ class CheckpointManager(LoopManager):
         dist.broadcast_object_list(decision, src=0)
         return bool(decision[0])
 
-    def _capture(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    def _capture(self, position: Position) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        for obj in self.objects.values():
+            if isinstance(obj, DistributedLoaderPosition):
+                obj.position = position
         views: dict[str, np.ndarray] = {}
         states = {name: obj.state_dict() for name, obj in self.objects.items()}
         tree = {name: flatten(state, name, views) for name, state in states.items()}
@@ -261,7 +272,7 @@ class CheckpointManager(LoopManager):
         for name, obj in self.objects.items():
             if is_loader(obj):
                 replay_after_first_iterator(obj, list(generators.get(name, [])), restored)
-            elif isinstance(obj, ResumableSampler):
+            elif isinstance(obj, (ResumableSampler, DistributedLoaderPosition)):
                 obj.restore_rng_when_iterated(restored)
 
     def _started(self) -> None:

@@ -1,0 +1,95 @@
+"""The canonical DDP loop — a plain `DataLoader` over a `DistributedSampler`, `sampler.set_epoch(epoch)`,
+`enumerate(loader, start=mgr.first_batch(epoch))`, the loader in `objects` — resumes mid-epoch
+bit-exactly on the same world size (real gloo processes, SIGKILL mid-epoch), and on another world
+size each rank continues the epoch's global order from the saved global count: over the interrupted
+epoch every sample is trained exactly once, and the next epoch too (client/torch/distributed.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+
+import pytest
+
+from tests.test_torch import assert_bit_equal, final, ranks
+
+
+def test_the_ddp_tutorial_loop_resumes_mid_epoch_bit_exactly(tmp_path, sqlite_service):
+    common = ["--storage", f"{sqlite_service.storage}/ddp-{uuid.uuid4().hex[:6]}", "--loader", "ddp"]
+    common += ["--service", sqlite_service.live.url]
+    baseline = ranks(tmp_path, 2, *common, "--job", f"ddp-base-{uuid.uuid4().hex[:6]}")
+    job = ["--job", f"ddp-loop-{uuid.uuid4().hex[:6]}"]
+    ranks(tmp_path, 2, *common, *job, "--kill-epoch", "1", "--kill-batch", "4", killed_rank=0)
+    resumed = ranks(tmp_path, 2, *common, *job)
+    assert [r.splitlines()[0] for r in resumed] == ["RESUMED 1 3", "RESUMED 1 3"]
+    assert all("resume audit: exact" in r for r in resumed), resumed[0][-2000:]
+    for got, want in zip(resumed, baseline, strict=True):
+        assert_bit_equal(final(got), final(want))
+
+
+def test_a_plain_loader_over_another_sampler_is_still_refused_with_what_is_accepted():
+    torch = pytest.importorskip("torch")
+    from ckptstore.client.torch import CheckpointManager
+
+    dataset = torch.utils.data.TensorDataset(torch.zeros(8, 1))
+    with pytest.raises(TypeError, match="DistributedSampler"):
+        CheckpointManager(
+            objects={"data": torch.utils.data.DataLoader(dataset, shuffle=True)}, storage="/tmp/x", job="j"
+        )
+
+
+def trained_in(tmp_path, run: str) -> list[dict]:
+    return [json.loads(line) for path in sorted(tmp_path.glob(f"{run}-rank*.jsonl")) for line in path.open()]
+
+
+def elastic_ranks(tmp_path, world: int, run: str, *args: str, killed: bool = False) -> list[str]:
+    """tests.elastic_job as `world` gloo ranks, each appending what it trains to <run>-rank<r>.jsonl."""
+    outputs = ranks(tmp_path, world, *args, killed_rank=0 if killed else None, module="tests.elastic_job")
+    for rank, output in enumerate(outputs):
+        written = output.rsplit("OUT ", 1)[1].strip()
+        os.replace(written, tmp_path / f"{run}-rank{rank}.jsonl")
+    return outputs
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "kill_batch"),
+    [(4, 2, 5), (2, 3, 7)],  # the newest save before the kill: 0.4 (128 samples of 480), 0.6 (96)
+    ids=["4-to-2", "2-to-3"],
+)
+def test_a_restart_on_another_world_size_trains_every_sample_of_the_epoch_once(tmp_path, before, after, kill_batch):
+    storage, job = str(tmp_path / "ckpt"), f"elastic-{uuid.uuid4().hex[:6]}"
+    common = ["--storage", storage, "--job", job]
+    elastic_ranks(
+        tmp_path, before, "killed", *common, "--kill-epoch", "0", "--kill-batch", str(kill_batch), killed=True
+    )
+    outputs = elastic_ranks(tmp_path, after, "resumed", *common)
+    resumed_at = kill_batch - 1
+    assert {o.splitlines()[0] for o in outputs} == {f"RESUMED 0 {resumed_at}"}
+    assert all(
+        "resume audit: resharded" in o and f"saved by {before} process(es), restoring into {after}" in o
+        for o in outputs
+    )
+    kept = [
+        i for r in trained_in(tmp_path, "killed") if r["epoch"] == 0 and r["batch"] < resumed_at for i in r["indices"]
+    ]
+    rest = [i for r in trained_in(tmp_path, "resumed") if r["epoch"] == 0 for i in r["indices"]]
+    assert sorted(kept + rest) == list(range(480)), "every sample of the interrupted epoch once"
+    following = [i for r in trained_in(tmp_path, "resumed") if r["epoch"] == 1 for i in r["indices"]]
+    assert sorted(following) == list(range(480)), "and of the next epoch, on the new world size"
+
+
+def test_resharded_only_when_the_world_alone_changed_and_every_data_object_reshards():
+    from ckptstore.fingerprint import verdict
+
+    world = ["world size: saved by 4 process(es), restoring into 2"]
+    resharding = {"data": {"data": {"type": "DataLoader", "reshards": True}}}
+    assert verdict([], resharding) == "exact"
+    assert verdict(world, resharding) == "resharded"
+    assert (
+        verdict(world + ["rank 3: RNG from rank 0 (the checkpoint holds the RNG of 2 rank(s))"], resharding)
+        == "resharded"
+    )
+    assert verdict(world + ["data (data): batch size 8 → 16"], resharding) == "drift", "another change too"
+    assert verdict(world, {"data": {"data": {"type": "StatefulDataLoader"}}}) == "drift", "a loader that cannot reshard"
+    assert verdict(world, {"data": {}}) == "drift", "no data object: nothing says the order goes on"

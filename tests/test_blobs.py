@@ -132,6 +132,7 @@ def test_blobs_are_plain_safetensors_files(tmp_path):
     assert_bit_equal(loaded, lora_state(0))
 
 
+@pytest.mark.slow  # a long run: scripts/test.sh -m slow runs it (the default run stays near 30 minutes)
 def test_a_kill_at_200_random_instants_of_retention_never_loses_a_referenced_blob(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "tests.retention_kill_driver", str(tmp_path), "200", "30"],

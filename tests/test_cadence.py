@@ -166,6 +166,7 @@ def test_keras_auto_saves_each_epoch_on_a_fresh_job_and_follows_the_interval_aft
         assert client.last_good_epoch(job).epoch == 4
 
 
+@pytest.mark.slow  # a long run: scripts/test.sh -m slow runs it (the default run stays near 30 minutes)
 def test_ddp_ranks_agree_on_every_timed_save_and_resume_exactly(tmp_path, sqlite_service):
     pytest.importorskip("torch")
     from tests.test_torch import assert_bit_equal, final, ranks

@@ -90,6 +90,7 @@ def corrupt_newest(store: Store, job: str) -> None:
         handle.write(bytes([byte[0] ^ 0xFF]))
 
 
+@pytest.mark.slow  # a long run: scripts/test.sh -m slow runs it (the default run stays near 30 minutes)
 @settings(
     max_examples=int(os.environ.get("CKPTSTORE_RESTART_EXAMPLES", "8")),
     deadline=None,

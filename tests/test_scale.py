@@ -235,6 +235,7 @@ def test_commits_queued_during_an_outage_are_reposted_in_one_request(tmp_path):
         live.stop()
 
 
+@pytest.mark.slow  # a long run: scripts/test.sh -m slow runs it (the default run stays near 30 minutes)
 def test_a_4096_node_job_registers_commits_and_pages(sqlite_service, job_name):
     nodes = [f"w{i:04d}" for i in range(MAX_NODES)]
     root = sqlite_service.storage

@@ -96,6 +96,7 @@ def train_3_nodes_through_outages(
         service[0].wait()
 
 
+@pytest.mark.slow  # a long run: scripts/test.sh -m slow runs it (the default run stays near 30 minutes)
 def test_service_killed_repeatedly_under_a_3_node_job_loses_no_commit(tmp_path, caplog):
     def kill_and_restart(service: list, port: int) -> None:
         service[0].send_signal(signal.SIGKILL)

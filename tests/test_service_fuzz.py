@@ -15,6 +15,7 @@ import re
 import subprocess
 import sys
 
+import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis.checks import not_a_server_error
@@ -52,6 +53,7 @@ def test_no_server_errors_and_answers_match_the_schema(sqlite_service):
         call()
 
 
+@pytest.mark.slow  # a long run: scripts/test.sh -m slow runs it (the default run stays near 30 minutes)
 def test_stateful_sequences_through_the_inferred_links(sqlite_service):
     """schemathesis' stateful phase, run by its CLI (its engine tolerates what a live service's state
     does to hypothesis' replays): chains of calls along the 54 links it infers from the schema.

@@ -65,6 +65,7 @@ def test_at_90_percent_every_save_commits_verified_or_fails_cleanly(moto_s3, pro
     assert sum(proxy.injected.values()) > 10
 
 
+@pytest.mark.slow  # a long run: scripts/test.sh -m slow runs it (the default run stays near 30 minutes)
 def test_a_store_that_is_fully_down_skips_saves_reports_health_and_recovers(moto_s3, proxy, sqlite_service):
     from ckptstore.client import ServiceClient
     from ckptstore.client.engine.node import NodeCheckpointer

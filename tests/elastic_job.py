@@ -3,6 +3,7 @@ PyTorch DDP tutorial's loop over a plain DataLoader and a DistributedSampler, sa
 and at each epoch's end.
 
     python -m tests.elastic_job --storage ROOT --job J --out TRAINED.jsonl [--kill-epoch E --kill-batch B]
+                                [--loader plain|stateful]
 
 Appends one line per batch trained to --out: {"epoch", "batch", "indices"}. --kill-* SIGKILLs the
 process before training that batch (after the save in flight is committed).
@@ -29,12 +30,18 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--kill-epoch", type=int, default=None)
     parser.add_argument("--kill-batch", type=int, default=None)
+    parser.add_argument("--loader", choices=["plain", "stateful"], default="plain")
     args = parser.parse_args()
     dist.init_process_group("gloo")
     torch.manual_seed(0)
     dataset = torch.utils.data.TensorDataset(torch.arange(SAMPLES))
     sampler = torch.utils.data.distributed.DistributedSampler(dataset, seed=5)
-    loader = torch.utils.data.DataLoader(dataset, batch_size=BATCH, sampler=sampler)
+    if args.loader == "stateful":  # torchdata's, with worker processes fetching ahead
+        from torchdata.stateful_dataloader import StatefulDataLoader
+
+        loader = StatefulDataLoader(dataset, batch_size=BATCH, sampler=sampler, num_workers=2)
+    else:
+        loader = torch.utils.data.DataLoader(dataset, batch_size=BATCH, sampler=sampler)
     model = nn.parallel.DistributedDataParallel(nn.Linear(1, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
 

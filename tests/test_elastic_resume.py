@@ -33,7 +33,7 @@ def test_a_plain_loader_over_another_sampler_is_still_refused_with_what_is_accep
     from ckptstore.client.torch import CheckpointManager
 
     dataset = torch.utils.data.TensorDataset(torch.zeros(8, 1))
-    with pytest.raises(TypeError, match="DistributedSampler"):
+    with pytest.raises(TypeError, match="DistributedSampler"):  # a plain DataLoader shuffling on its own
         CheckpointManager(
             objects={"data": torch.utils.data.DataLoader(dataset, shuffle=True)}, storage="/tmp/x", job="j"
         )
@@ -53,13 +53,15 @@ def elastic_ranks(tmp_path, world: int, run: str, *args: str, killed: bool = Fal
 
 
 @pytest.mark.parametrize(
-    ("before", "after", "kill_batch"),
-    [(4, 2, 5), (2, 3, 7)],  # the newest save before the kill: 0.4 (128 samples of 480), 0.6 (96)
-    ids=["4-to-2", "2-to-3"],
+    ("before", "after", "kill_batch", "loader"),
+    [(4, 2, 5, "plain"), (2, 3, 7, "plain"), (4, 2, 5, "stateful")],  # the newest save: 0.4 (128 of 480), 0.6 (96)
+    ids=["4-to-2", "2-to-3", "4-to-2-stateful-2-workers"],
 )
-def test_a_restart_on_another_world_size_trains_every_sample_of_the_epoch_once(tmp_path, before, after, kill_batch):
+def test_a_restart_on_another_world_size_trains_every_sample_of_the_epoch_once(
+    tmp_path, before, after, kill_batch, loader
+):
     storage, job = str(tmp_path / "ckpt"), f"elastic-{uuid.uuid4().hex[:6]}"
-    common = ["--storage", storage, "--job", job]
+    common = ["--storage", storage, "--job", job, "--loader", loader]
     elastic_ranks(
         tmp_path, before, "killed", *common, "--kill-epoch", "0", "--kill-batch", str(kill_batch), killed=True
     )

@@ -1,5 +1,5 @@
-"""The data position of the canonical DDP loop: a plain `DataLoader` over a `DistributedSampler`,
-as the PyTorch DDP tutorial writes it —
+"""The data position of the canonical DDP loop: a `DataLoader` over a `DistributedSampler`, as the
+PyTorch DDP tutorial writes it (or torchdata's `StatefulDataLoader` in its place) —
 
     loader = DataLoader(dataset, batch_size=32, sampler=DistributedSampler(dataset))
     mgr = CheckpointManager(objects={"model": model, "optimizer": opt, "data": loader}, ...)
@@ -8,8 +8,9 @@ as the PyTorch DDP tutorial writes it —
         for batch, (x, y) in enumerate(loader, start=mgr.first_batch(epoch)):
             ...
 
-Neither has a `state_dict`, but their order is a function of (seed, epoch, dataset length, world
-size) and the position is the batch the loop saved at. So a save records the *global* count of the
+The sampler has no `state_dict` (a StatefulDataLoader's counts this rank's samples only), but the
+order is a function of (seed, epoch, dataset length, world size) and the position is the batch the
+loop saved at — whatever worker processes fetched ahead. So a save records the *global* count of the
 epoch's samples consumed — every rank took `batch × batch_size` of them, interleaved: the first
 `batch × batch_size × world` positions of the epoch's padded permutation — and a resume makes the
 resumed epoch's first iterator yield, on each rank, the rest of that same global order from the
@@ -33,13 +34,9 @@ __all__ = ["DistributedLoaderPosition", "is_distributed_loader"]
 
 
 def is_distributed_loader(obj: Any) -> bool:
-    """A plain DataLoader (no state of its own) drawing batches from a DistributedSampler."""
-    return (
-        isinstance(obj, DataLoader)
-        and not hasattr(obj, "state_dict")
-        and isinstance(obj.sampler, DistributedSampler)
-        and obj.batch_sampler is not None
-    )
+    """A DataLoader — torch's, or torchdata's StatefulDataLoader, whose own state counts this rank's
+    samples only and so cannot follow a new world size — drawing batches from a DistributedSampler."""
+    return isinstance(obj, DataLoader) and isinstance(obj.sampler, DistributedSampler) and obj.batch_sampler is not None
 
 
 def epoch_order(sampler: DistributedSampler, epoch: int, world: int) -> list[int]:
@@ -94,8 +91,8 @@ class _ResumedEpoch(Sampler[int]):
 
 
 class DistributedLoaderPosition:
-    """What `objects={"data": loader}` saves and restores for a plain DataLoader over a
-    DistributedSampler (see the module docstring): `state_dict` at the position a save captures."""
+    """What `objects={"data": loader}` saves and restores for a DataLoader over a DistributedSampler
+    (see the module docstring): `state_dict` at the position a save captures."""
 
     def __init__(self, loader: DataLoader):
         self.loader = loader

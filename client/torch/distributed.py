@@ -39,20 +39,20 @@ def is_distributed_loader(obj: Any) -> bool:
     return isinstance(obj, DataLoader) and isinstance(obj.sampler, DistributedSampler) and obj.batch_sampler is not None
 
 
-def epoch_order(sampler: DistributedSampler, epoch: int, world: int) -> list[int]:
+def epoch_order(sampler: DistributedSampler, epoch: int, world: int) -> torch.Tensor:
     """The epoch's global order of sample indices as `DistributedSampler` draws it for `world` ranks:
     the permutation of (seed + epoch), padded (or cut, with drop_last) to a multiple of `world`."""
     length = len(sampler.dataset)  # type: ignore[arg-type]
     if sampler.shuffle:
         generator = torch.Generator()
         generator.manual_seed(sampler.seed + epoch)
-        order = torch.randperm(length, generator=generator).tolist()
+        order = torch.randperm(length, generator=generator)
     else:
-        order = list(range(length))
+        order = torch.arange(length)
     if sampler.drop_last:
         return order[: length // world * world]
     total = math.ceil(length / world) * world
-    return (order * math.ceil(total / length))[:total] if total > length else order
+    return order.repeat(math.ceil(total / length))[:total] if total > length else order
 
 
 def rest_of_epoch(sampler: DistributedSampler, epoch: int, consumed: int) -> list[int]:
@@ -63,8 +63,8 @@ def rest_of_epoch(sampler: DistributedSampler, epoch: int, consumed: int) -> lis
     rest = epoch_order(sampler, epoch, world)[consumed:]
     uneven = len(rest) % world
     if uneven:
-        rest = rest[: len(rest) - uneven] if sampler.drop_last else rest + rest[: world - uneven]
-    return rest[rank::world]
+        rest = rest[: len(rest) - uneven] if sampler.drop_last else torch.cat([rest, rest[: world - uneven]])
+    return rest[rank::world].tolist()
 
 
 class _ResumedEpoch(Sampler[int]):

@@ -39,7 +39,7 @@ from ckptstore.client.torch.loaders import generator_states, is_loader, replay_a
 from ckptstore.client.torch.sampler import ResumableSampler
 from ckptstore.client.torch.state import flatten, host_views_are_live, rng_state, set_rng_state, unflatten
 from ckptstore.deferred import VerifiedTensors
-from ckptstore.errors import ReplicasDisagreeError
+from ckptstore.errors import ReplicasDisagreeError, ResumeRefusedError
 from ckptstore.fingerprint import FINGERPRINT_KEY
 
 __all__ = ["CheckpointManager", "distributed_identity"]
@@ -254,6 +254,7 @@ class CheckpointManager(LoopManager):
     def _apply(self, arrays: Mapping[str, np.ndarray], metadata: Mapping[str, Any]) -> None:
         if STATE_KEY not in metadata:
             raise ValueError("this checkpoint was not written by ckptstore.client.torch.CheckpointManager")
+        self._refuse_resharding_per_rank_state(metadata)
         tree = json.loads(metadata[STATE_KEY])
         missing = sorted(set(self.objects) - set(tree))
         if missing and self.options.strict:
@@ -265,6 +266,22 @@ class CheckpointManager(LoopManager):
         _, rank = self._world()
         set_rng_state(rngs[rank] if rank < len(rngs) else unflatten(tree[RNG], arrays))
         self._replay_data_draws(unflatten(tree.get(LOADER_GENERATORS, {"__dict__": []}), arrays))
+
+    def _refuse_resharding_per_rank_state(self, metadata: Mapping[str, Any]) -> None:
+        """Per-rank state (`replicated=False`) is each rank's own: saved by N ranks it cannot be put on
+        another number of them (some ranks' parts would be dropped, or missing) — DCP reshards tensors."""
+        if self.replicated:
+            return
+        described = metadata.get(FINGERPRINT_KEY)
+        world = described.get("world") if isinstance(described, Mapping) else None
+        saved = world.get("size") if isinstance(world, Mapping) else None
+        size, rank = self._world()
+        if isinstance(saved, int) and saved != size:
+            raise ResumeRefusedError(
+                f"per-rank state (replicated=False) of {sorted(self.objects)} was saved by {saved} rank(s); this run "
+                f"has {size} (rank {rank}): it cannot be resharded — restart on {saved} ranks, or save sharded "
+                "state with DCP (ckptstore.client.torch.dcp), which reshards"
+            )
 
     def _replay_data_draws(self, generators: Mapping[str, list[Any]]) -> None:
         """The draws a data loader makes when its resumed iterator is made, put right (loaders.py)."""

@@ -9,7 +9,7 @@ import math
 import sqlite3
 
 import pytest
-from sqlalchemy import create_engine, insert
+from sqlalchemy import create_engine, func, insert, select
 from sqlalchemy.orm import Session
 
 from ckptstore.server.db.migrate import migrate
@@ -237,7 +237,83 @@ def test_what_the_advice_reads_does_not_grow_with_the_history(history):
     assert 0 < small < sampled and larger <= sampled + 2 * nodes * PLOT_POINTS, (small, sampled, larger)
 
 
-def test_the_service_answers_advice_from_what_clients_reported(tmp_path, sqlite_service):
+def _fill(history, size: int, begin: float) -> None:
+    """`size` starts (each resuming the copy committed a second before), timings and commits over 4
+    nodes, one a second from `begin` on, written in bulk as the service would have."""
+    nodes = 4
+    numbered = history.session.scalar(select(func.max(Attempt.number))) or 0
+    history.session.execute(
+        insert(Checkpoint),
+        [
+            dict(job_id=history.job.id, node=f"n{i % nodes}", epoch=10**6 + int(begin) + i, batch_key=BATCH_KEY_END,
+                 attempt="1", attempt_number=1, step=int(begin) + i, location="x", bytes=1, checksums={},
+                 metrics={}, created_at=begin + i - 1)
+            for i in range(size)
+        ],
+    )  # fmt: skip
+    history.session.execute(
+        insert(Attempt),
+        [
+            dict(job_id=history.job.id, node=f"n{i % nodes}", number=numbered + i // nodes + 1,
+                 started_at=begin + i, skipped=[], resumed_epoch=10**6 + int(begin) + i, resumed_batch_key=BATCH_KEY_END)
+            for i in range(size)
+        ],
+    )  # fmt: skip
+    history.session.execute(
+        insert(Stat),
+        [dict(job_id=history.job.id, node=f"n{i % nodes}", action="blocked", seconds=0.1, created_at=begin + i)
+         for i in range(size)],
+    )  # fmt: skip
+    history.session.flush()
+
+
+def _instructions(history, window: int) -> int:
+    """The SQLite virtual machine's instructions (in hundreds) one advice and one plot cost: the
+    database's own work, rows it passes over included."""
+    counted = [0]
+
+    def count() -> int:
+        counted[0] += 1
+        return 0
+
+    raw = history.session.connection().connection.dbapi_connection
+    raw.set_progress_handler(count, 100)
+    try:
+        job_advice(history.session, history.job, window=window)
+        job_goodput(history.session, history.job, window=window)
+    finally:
+        raw.set_progress_handler(None, 0)
+    return counted[0]
+
+
+def test_the_database_work_of_one_advice_stays_within_the_window_as_the_history_grows(history):
+    """ADV-1: the database's own pass (not only the rows it hands back) reads the job's newest records,
+    so 10× the history costs the same; the control — a window holding the whole history — grows with
+    it, so the measure can tell."""
+    window = 200
+    _fill(history, 1000, 0.0)
+    within, whole = _instructions(history, window), _instructions(history, 10**9)
+    _fill(history, 9000, 1000.0)
+    within_later, whole_later = _instructions(history, window), _instructions(history, 10**9)
+    assert within_later <= 1.3 * within, (within, within_later)
+    assert whole_later >= 5 * whole, (whole, whole_later)
+
+
+def test_a_history_longer_than_the_window_is_advised_on_its_newest_records_and_says_since_when(history):
+    history.start("n0", 1, 0.0)
+    for number in range(2, 12):  # ten early failures, far outside the window
+        history.start("n0", number, 10.0 * number, resumed_copy_at=10.0 * number - 5)
+    _fill(history, 400, 1000.0)  # four nodes, each restarted about every 4 s, 1 s redone each time
+    advice = job_advice(history.session, history.job, window=100)
+    assert "since 1970-01-01T00:21:40+00:00" in advice.note and "older history is not read" in advice.note
+    assert advice.wall_seconds == pytest.approx(1399 - 1300)
+    assert advice.failures == 25 and advice.lost_seconds == pytest.approx(25.0)
+    assert advice.blocked_seconds == pytest.approx(2.5)
+    whole = job_advice(history.session, history.job, window=10**6)
+    assert whole.failures == 110 and "since" not in (whole.note or ""), "the control reads it all"
+
+
+def test_the_service_answers_advice_from_what_clients_reported(tmp_path, service):
     import uuid
 
     from ckptstore import Position
@@ -245,8 +321,8 @@ def test_the_service_answers_advice_from_what_clients_reported(tmp_path, sqlite_
     from ckptstore.client.engine.node import NodeCheckpointer
     from tests.builders import arrays_for
 
-    job, url = f"advised-{uuid.uuid4().hex[:6]}", sqlite_service.live.url
-    storage = f"{sqlite_service.storage}/{job}"
+    job, url = f"advised-{uuid.uuid4().hex[:6]}", service.live.url
+    storage = f"{service.storage}/{job}"
     for run in range(3):  # three starts: two failures, each resuming from the previous run's copy
         node = NodeCheckpointer(job=job, storage=storage, service=url, node="n0", async_save=False)
         node.start()
@@ -259,7 +335,7 @@ def test_the_service_answers_advice_from_what_clients_reported(tmp_path, sqlite_
     assert advice.mtbf_seconds == pytest.approx(advice.wall_seconds / 2)
     assert advice.interval_seconds == pytest.approx(math.sqrt(2 * 0.5 * advice.mtbf_seconds))
     assert 0 <= advice.goodput <= 1 and advice.lost_seconds >= 0
-    with sqlite_service.client() as http:
+    with service.client() as http:
         scraped = http.get("/metrics").text
     gauges = dict(
         line.rsplit(" ", 1) for line in scraped.splitlines() if line.startswith("ckptstore_job_") and job in line

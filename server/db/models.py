@@ -134,6 +134,7 @@ class NodeSet(Base):
 
 class Attempt(Base):
     __tablename__ = "attempts"
+    __table_args__ = (Index("ix_attempts_started", "job_id", "started_at"),)
 
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
     node: Mapped[str] = mapped_column(String(128), primary_key=True)
@@ -159,7 +160,9 @@ class Checkpoint(Base):
     __tablename__ = "checkpoints"
     __table_args__ = (
         UniqueConstraint("job_id", "node", "epoch", "batch_key", "attempt", "tier", name="uq_checkpoint_copy"),
-        Index("ix_checkpoint_position", "job_id", "epoch", "batch_key"),
+        # created_at last: when a position was first committed is the first entry of its range
+        Index("ix_checkpoint_position_time", "job_id", "epoch", "batch_key", "created_at"),
+        Index("ix_checkpoints_time", "job_id", "created_at"),
     )
 
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
@@ -220,7 +223,11 @@ class Health(Base):
 
 class Stat(Base):
     __tablename__ = "stats"
-    __table_args__ = (Index("ix_stats_job", "job_id", "action", "node"),)
+    __table_args__ = (
+        Index("ix_stats_job", "job_id", "action", "node"),
+        Index("ix_stats_action_time", "job_id", "action", "created_at"),
+        Index("ix_stats_time", "job_id", "created_at"),
+    )
 
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))

@@ -12,19 +12,22 @@ checkpoint Lightning loads (as if `ckpt_path=` named it) and the generators as t
 save: a mid-epoch position's just before the next training step, an epoch end's before the next
 epoch's data iterator is made. A `ckpt_path=` given to `fit` wins.
 
-Exact (tested): mid-epoch positions with a resumable data loader (torchdata's `StatefulDataLoader`,
-shuffling), epoch ends with a plain `DataLoader` or a `StatefulDataLoader`. A resumable loader's own
-state at an epoch's end would replay the saved epoch's order, so at an epoch end the callback keeps
-its generators instead (as of the save) and gives them back just before the next epoch's iterator is
-made. Said at run time: a mid-epoch position with a plain `DataLoader` (Lightning restarts the
-epoch's data, and warns).
+Exact (tested): mid-epoch positions and epoch ends, with a resumable data loader (torchdata's
+`StatefulDataLoader`, shuffling) or a plain `DataLoader`. A resumable loader's own state at an
+epoch's end would replay the saved epoch's order, so at an epoch end the callback keeps its
+generators instead (as of the save) and gives them back just before the next epoch's iterator is
+made. A plain loader has no state: mid-epoch, its epoch is drawn again from the generators as the
+epoch began (kept with the save) and the batches trained are skipped. A save due at an epoch's last
+batch is taken at the epoch's end, right after.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import lightning.pytorch as pl
@@ -48,6 +51,7 @@ log = logging.getLogger("ckptstore.client")
 TREE_KEY = "lightning_checkpoint"  # manifest metadata: the checkpoint's tree (client/torch/state.py)
 RNG = "ckptstore_rng"  # the generators, beside Lightning's own keys
 LOADER_GENERATORS = "ckptstore_loader_generators"  # each training loader's generators as of the save
+EPOCH_RNG = "ckptstore_epoch_rng"  # mid-epoch: the generators as the epoch's data iterator was made
 
 
 class BackupAndRestore(pl.Callback):
@@ -74,6 +78,8 @@ class BackupAndRestore(pl.Callback):
         self.checkpointer: NodeCheckpointer | None = None
         self._pending_rng: dict[str, Any] | None = None  # the restored position's generators, to put back
         self._resumed_mid_epoch = False
+        self._epoch_rng: dict[str, Any] | None = None  # the generators as this epoch's data iterator was made
+        self._save_at_epoch_end = False  # a save due at an epoch's last batch: taken at the epoch's end
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage != "fit":
@@ -82,15 +88,40 @@ class BackupAndRestore(pl.Callback):
         self.checkpointer = NodeCheckpointer(self.options)
         found = restore_in_one_pass(self.checkpointer, lambda restored: self._read(trainer, pl_module, restored))
         if found is None:
+            _when_loaders_ready(trainer, self._record_epoch_rng)
             return
         restored, (report, checkpoint) = found
         self._pending_rng = checkpoint.pop(RNG)
-        self._resumed_mid_epoch = not restored.copy.position.is_end_of_epoch
+        position = restored.copy.position
+        self._resumed_mid_epoch = not position.is_end_of_epoch
         generators = checkpoint.pop(LOADER_GENERATORS, None)
-        if not self._resumed_mid_epoch:
-            _next_epoch_from_generators(trainer, checkpoint, generators)
-        _load_when_fit_resumes(trainer, checkpoint, f"ckptstore:{self.options.job}@{restored.copy.position}")
+        epoch_rng = checkpoint.pop(EPOCH_RNG, None)
+        loop_state = checkpoint.get("loops", {}).get("fit_loop", {}).get("state_dict", {})
+        if not self._resumed_mid_epoch and loop_state.get("combined_loader") and generators is not None:
+            del loop_state["combined_loader"]  # the loaders' own states would replay the saved epoch
+
+        def loaders_ready(loaders: list[Any]) -> None:
+            self._record_epoch_rng(loaders)
+            if self._resumed_mid_epoch:
+                _skip_trained_batches(loaders, position, epoch_rng, self._pending_rng)
+            else:
+                _next_epoch_from_generators(loaders, generators)
+
+        _when_loaders_ready(trainer, loaders_ready)
+        _load_when_fit_resumes(trainer, checkpoint, f"ckptstore:{self.options.job}@{position}")
         self.checkpointer.resumed(restored, time.perf_counter() - started, report)
+
+    def _record_epoch_rng(self, loaders: list[Any]) -> None:
+        """Keep the generators as they are each time a training loader's iterator is made (each epoch):
+        a mid-epoch save carries them, so a plain loader's epoch can be drawn again on a restart."""
+        for loader in loaders:
+            make_iterator = loader._get_iterator
+
+            def recording(make_iterator: Any = make_iterator) -> Any:
+                self._epoch_rng = rng_state()
+                return make_iterator()
+
+            loader._get_iterator = recording
 
     def _read(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, restored: Restored
@@ -120,14 +151,18 @@ class BackupAndRestore(pl.Callback):
     ) -> None:
         every = self.every_n_train_steps
         due = every is not None and trainer.global_step % every == 0
-        # A checkpoint request (`ckptstore checkpoint-now`) is taken at the next step but an epoch's last,
-        # whose end-of-epoch save follows.
-        requested = self.checkpointer is not None and self.checkpointer.requested and not _last_batch(trainer, index)
-        if due or requested:
-            self._save(trainer, Position(trainer.current_epoch, index + 1))
+        # A checkpoint request (`ckptstore checkpoint-now`) is taken at the next step.
+        requested = self.checkpointer is not None and self.checkpointer.requested
+        if not (due or requested):
+            return
+        if _last_batch(trainer, index):  # the epoch's end follows at once: saved there, as an epoch's end
+            self._save_at_epoch_end = True
+            return
+        self._save(trainer, Position(trainer.current_epoch, index + 1))
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self.every_n_train_steps is None or (self.checkpointer is not None and self.checkpointer.requested):
+        if self.every_n_train_steps is None or self._save_at_epoch_end:
+            self._save_at_epoch_end = False
             self._save(trainer, Position(trainer.current_epoch))
 
     def _save(self, trainer: pl.Trainer, position: Position) -> None:
@@ -135,6 +170,8 @@ class BackupAndRestore(pl.Callback):
         checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
         checkpoint[RNG] = rng_state()
         checkpoint[LOADER_GENERATORS] = [generator_states(loader) for loader in _training_loaders(trainer)]
+        if not position.is_end_of_epoch and self._epoch_rng is not None:
+            checkpoint[EPOCH_RNG] = self._epoch_rng
         arrays: dict[str, Any] = {}
         tree = flatten(checkpoint, "lightning", arrays)
         # Async saves write in the background: from copies, since training goes on changing the tensors.
@@ -170,33 +207,80 @@ def _training_loaders(trainer: pl.Trainer) -> list[Any]:
     return [] if combined is None else [loader for loader in combined.flattened if is_loader(loader)]
 
 
-def _next_epoch_from_generators(trainer: pl.Trainer, checkpoint: dict[str, Any], generators: Any) -> None:
-    """Resuming at an epoch's end: the resumable loaders' own states would replay the saved epoch, so
-    they are not loaded; their generators are set to the save's just before the next epoch's iterator
-    is made, which then draws what the uninterrupted run drew. Without saved generators (a checkpoint
-    older than this), the states are loaded as Lightning would, and that is said."""
-    loop_state = checkpoint.get("loops", {}).get("fit_loop", {}).get("state_dict", {})
-    if not loop_state.get("combined_loader"):
-        return
-    if generators is None:
-        log.warning(
-            "ckptstore: resuming at an epoch's end from a checkpoint without the loaders' generators: a resumable "
-            "loader (torchdata's StatefulDataLoader) replays the saved epoch's order"
-        )
-        return
-    del loop_state["combined_loader"]
+def is_stateful(loader: Any) -> bool:
+    """A loader with a state of its own that Lightning saves and loads (torchdata's StatefulDataLoader)."""
+    return hasattr(loader, "state_dict") and hasattr(loader, "load_state_dict")
+
+
+def _when_loaders_ready(trainer: pl.Trainer, ready: Callable[[list[Any]], None]) -> None:
+    """Call `ready` with the training loaders each time Lightning has set them up and loaded their
+    states, just before it makes their iterators (its fit loop's `_load_combined_loader_states`:
+    Lightning has no public hook there)."""
     fit_loop = trainer.fit_loop
     original = fit_loop._load_combined_loader_states
 
-    def load_then_set_generators() -> None:
-        fit_loop._load_combined_loader_states = original  # type: ignore[method-assign]
+    def loaded() -> None:
         original()
-        loaders = _training_loaders(trainer)
-        same = len(loaders) == len(generators)
-        if not (same and all(set_generator_states(d, states) for d, states in zip(loaders, generators, strict=True))):
-            log.warning("ckptstore: the training loaders changed since the save: their generators start anew")
+        ready(_training_loaders(trainer))
 
-    fit_loop._load_combined_loader_states = load_then_set_generators  # type: ignore[method-assign]
+    fit_loop._load_combined_loader_states = loaded  # type: ignore[method-assign]
+
+
+def _next_epoch_from_generators(loaders: list[Any], generators: list[Any] | None) -> None:
+    """Resuming at an epoch's end: the resumable loaders' own states would replay the saved epoch, so
+    they were not loaded; their generators are set to the save's just before the next epoch's
+    iterator is made, which then draws what the uninterrupted run drew. Without saved generators (a
+    checkpoint older than this), the states were loaded as Lightning would, and that is said."""
+    if generators is None:
+        if any(is_stateful(loader) for loader in loaders):
+            log.warning(
+                "ckptstore: resuming at an epoch's end from a checkpoint without the loaders' generators: a "
+                "resumable loader (torchdata's StatefulDataLoader) replays the saved epoch's order"
+            )
+        return
+    same = len(loaders) == len(generators)
+    if not (same and all(set_generator_states(d, states) for d, states in zip(loaders, generators, strict=True))):
+        log.warning("ckptstore: the training loaders changed since the save: their generators start anew")
+
+
+def _skip_trained_batches(
+    loaders: list[Any], position: Position, epoch_rng: dict[str, Any] | None, saved_rng: dict[str, Any] | None
+) -> None:
+    """Resuming mid-epoch: a loader with a state of its own (torchdata's StatefulDataLoader) goes on
+    from it. A plain DataLoader has none — Lightning would start the epoch's data over — so its epoch
+    is drawn again from the generators as it began (saved with the copy) and the batches trained
+    before the save are drawn and skipped; then the generators are put back as saved."""
+    plain = [loader for loader in loaders if not is_stateful(loader)]
+    if not plain:
+        return
+    if epoch_rng is None:
+        log.warning(
+            "ckptstore: resuming mid-epoch (%s) with a plain DataLoader from a copy without the epoch's generators: "
+            "the epoch's data starts over (not an exact resume); use torchdata's StatefulDataLoader",
+            position,
+        )
+        return
+    batches = position.batch or 0
+    print(
+        f"ckptstore: the plain DataLoader has no state of its own: epoch {position.epoch}'s first {batches} batches "
+        "are drawn again and skipped (Lightning's warning that the loader is not resumable does not apply)",
+        file=sys.stderr,
+        flush=True,
+    )
+    set_rng_state(epoch_rng)
+    for loader in plain:
+        make_iterator = loader._get_iterator
+
+        def skipping(loader: Any = loader, make_iterator: Any = make_iterator) -> Any:
+            loader._get_iterator = make_iterator  # one iterator: the loader's own (or the recorder) after it
+            iterator = make_iterator()
+            for _ in range(batches):
+                next(iterator)
+            if saved_rng is not None:
+                set_rng_state(saved_rng)
+            return iterator
+
+        loader._get_iterator = skipping
 
 
 def _load_when_fit_resumes(trainer: pl.Trainer, checkpoint: dict[str, Any], where: str) -> None:

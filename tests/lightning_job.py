@@ -3,7 +3,7 @@ defined: a small model with Dropout, AdamW, torchdata's `StatefulDataLoader` shu
 `DataLoader` with `--plain-loader`); a checkpoint every 5 steps (or each epoch: `--epochs-only`).
 
     python -m tests.lightning_job --storage ROOT --job JOB --out OUT.npz [--kill-at STEP] [--plain-loader]
-                                  [--epochs-only]
+                                  [--epochs-only] [--every N]
 
 Writes the final weights and optimizer state to OUT.npz. `--kill-at` SIGKILLs the process once that
 optimizer step is done (and ckptstore committed the save in flight).
@@ -53,6 +53,9 @@ def main() -> None:
     parser = job_parser()
     parser.add_argument("--plain-loader", action="store_true")
     parser.add_argument("--epochs-only", action="store_true", help="save at each epoch's end only (the default)")
+    parser.add_argument(
+        "--every", type=int, default=5, help="every_n_train_steps (6: saves due at epochs' last batches)"
+    )
     args = parser.parse_args()
     torch.manual_seed(0)
     x = torch.randn(384, 16, generator=torch.Generator().manual_seed(1))  # 12 batches of 32
@@ -64,6 +67,8 @@ def main() -> None:
     placeholders["from ckptstore.client.lightning import BackupAndRestore\n"] = ""
     if args.epochs_only:
         placeholders["every_n_train_steps=5"] = "every_n_train_steps=None"
+    elif args.every != 5:
+        placeholders["every_n_train_steps=5"] = f"every_n_train_steps={args.every}"
     code = documented_block("docs/lightning.md", "## The callback", placeholders)
     model = Regression()
     namespace = {"pl": pl, "model": model, "loader": loader, "BackupAndRestore": Backup}

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from types import FrameType
 from typing import Any
 
 import keras
@@ -35,6 +36,43 @@ from ckptstore.errors import CkptStoreError
 __all__ = ["BackupAndRestore"]
 
 log = logging.getLogger("ckptstore.client")
+
+
+def _fit_adapter(model: keras.Model) -> Any:
+    """The data adapter of the `fit` of `model` calling this callback (its `epoch_iterator`'s): Keras
+    gives callbacks no handle on the data, so the caller's frames are searched (None if not found)."""
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        if frame.f_locals.get("self") is model and "epoch_iterator" in frame.f_locals:
+            return getattr(frame.f_locals["epoch_iterator"], "data_adapter", None)
+        frame = frame.f_back
+    return None
+
+
+def _fit_data(model: keras.Model, params: dict[str, Any]) -> dict[str, Any]:
+    """The fit's data as the resume audit compares it: steps per epoch and, where fit's data adapter
+    says, the batch size, the number of samples and the seed `keras.utils.set_random_seed` set (a
+    pipeline's shuffling draws from it) — a change to any of them changes the batches, even where
+    the steps per epoch stay the same."""
+    part: dict[str, Any] = {"type": "keras fit", "steps": params.get("steps")}
+    adapter = _fit_adapter(model)
+    try:
+        batch_size, batches = adapter.batch_size, adapter.num_batches
+        partial = adapter.partial_batch_size if adapter.has_partial_batch else None
+    except (AttributeError, TypeError, ValueError):
+        batch_size = batches = partial = None
+    if isinstance(batch_size, int) and batch_size > 0:
+        part["batch_size"] = batch_size
+        if isinstance(batches, int) and batches > 0:
+            part["length"] = (batches - 1) * batch_size + (partial or batch_size)
+    try:
+        from keras.src.utils.rng_utils import get_random_seed
+    except ImportError:
+        return part
+    seed = get_random_seed()
+    if seed is not None:
+        part["seed"] = seed
+    return part
 
 
 class BackupAndRestore(keras.callbacks.Callback):
@@ -107,7 +145,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         if not self.model.built:
             raise ValueError("BackupAndRestore needs a built model: call it on a batch (or build it) before fit()")
         self.manager.objects = self._objects()
-        self.manager.data = {"fit": {"type": "keras fit", "steps": self.params.get("steps")}}
+        self.manager.data = {"fit": _fit_data(self.model, self.params)}
         self.model._initial_epoch = self.manager.restore_or_initialize()
         position = self.resume_position
         self._rng_after_skip = None

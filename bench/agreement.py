@@ -6,9 +6,11 @@ the writer's blocked time per save with agreement against the same saves in a tr
 Each round runs this tree and `git archive REF` (default abd3b5c, the head before agreement) in
 turn, interleaved: two processes (RANK 0 and 1) with a model of --gib GiB (float32 Linear layers,
 SGD without momentum: the state is the model), `CheckpointManager(replicated=True, async_save=True)`
-on a local folder, one training step then one mid-epoch save, --saves times; each rank times its
-`save()` call (what training waits for: on rank 0 the capture into the staging buffers, on rank 1
-its hashes and the gather) and waits for the write outside the timing. Each rank is pinned to a
+on a local folder, one training step, one mid-epoch save and one more step, --saves times; each
+rank times its `save()` call (what training waits for: on rank 0 the capture into the staging
+buffers, on rank 1 the hashes it takes at once) and the training step right after it (which waits,
+on rank 1, for the hashing left running in the background), and waits for the write outside the
+timings. Each rank is pinned to a
 core of its own (ranks on a cluster do not share cores; unpinned on 2 cores, rank 1's hashing and
 rank 0's capture threads slow each other). Reports the medians.
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -48,21 +51,28 @@ def worker(tree: str, storage: str, gib: float, saves: int, out: str) -> None:
         objects={"model": model, "optimizer": optimizer}, storage=storage, job="agree", async_save=True, max_to_keep=2
     )
     manager.restore_or_initialize()
-    blocked = []
-    for batch in range(saves):
+
+    def train_step() -> float:
+        started = time.perf_counter()
         optimizer.zero_grad()
         model(torch.randn(4, width)).sum().backward()
         optimizer.step()
+        return time.perf_counter() - started
+
+    blocked, after = [], []
+    for batch in range(saves):
+        train_step()
         started = time.perf_counter()
         manager.save(0, batch=batch + 1)
         blocked.append(time.perf_counter() - started)
+        after.append(train_step())  # the step right after the save: it may wait for what the save left running
         manager.wait()
         dist.barrier()
     manager.close()
     import ckptstore
 
     with open(out, "w") as file:
-        json.dump({"blocked": blocked, "module": ckptstore.__file__}, file)
+        json.dump({"blocked": blocked, "after": after, "module": ckptstore.__file__}, file)
     dist.destroy_process_group()
 
 
@@ -103,18 +113,26 @@ def main() -> None:
         os.makedirs(previous)
         archive = subprocess.run(["git", "archive", args.previous], cwd=ROOT, capture_output=True, check=True).stdout
         subprocess.run(["tar", "-x", "-C", previous], input=archive, check=True)
-        blocked: dict[str, list[list[float]]] = {"agreement": [[], []], "previous": [[], []]}
+        timed: dict[tuple[str, str], list[list[float]]] = {
+            (name, what): [[], []] for name in ("agreement", "previous") for what in ("blocked", "after")
+        }
         port = 29600
         for _ in range(args.rounds):
             for name, tree in (("agreement", ROOT), ("previous", previous)):
                 port += 1
                 for rank, result in enumerate(run(tree, args.gib, args.saves, folder, port)):
                     assert result["module"].startswith(tree), result["module"]
-                    blocked[name][rank] += result["blocked"][1:]  # the first save prepares the staging buffers
-    print(f"{args.gib} GiB replicated on 2 gloo ranks, median blocked per save over {args.rounds} rounds:")
-    for rank in range(2):
-        now, before = (statistics.median(blocked[name][rank]) for name in ("agreement", "previous"))
-        print(f"rank {rank}: with agreement {now:.3f} s, {args.previous} {before:.3f} s, ratio {now / before:.3f}")
+                    for what in ("blocked", "after"):  # the first save prepares the staging buffers
+                        timed[(name, what)][rank] += result.get(what, [])[1:]
+    print(f"{args.gib} GiB replicated on 2 gloo ranks, medians over {args.rounds} rounds:")
+    for what, said in (("blocked", "blocked per save"), ("after", "the training step right after a save")):
+        for rank in range(2):
+            now, before = (
+                statistics.median(timed[(name, what)][rank] or [math.nan]) for name in ("agreement", "previous")
+            )
+            print(
+                f"{said}, rank {rank}: with agreement {now:.3f} s, {args.previous} {before:.3f} s, ratio {now / before:.3f}"
+            )
 
 
 if __name__ == "__main__":

@@ -2,7 +2,9 @@
 makes every later save not good, named (`replicas disagree: rank 1, tensor …`), evented and warned
 on every rank, and the rerun resumes from the last save before the flip — bit-equal to a run that
 never flipped; a control without the flip resumes from the newest save with nothing said; with 3
-ranks the minority is named; the comparison itself (ckptstore/agreement.py) on known hashes."""
+ranks the minority is named; the comparison itself (ckptstore/agreement.py) on known hashes. DCP:
+HSDP's replica groups (4 ranks, 2 × 2) compared within each group, a flipped shard named and its save
+never loaded."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import uuid
 import numpy as np
 
 from ckptstore import Position, Store
-from ckptstore.agreement import disagreement, disagreement_of, hashes
+from ckptstore.agreement import disagreement, disagreement_of, groups_disagreement, hashes, replica_groups
 from ckptstore.client import ServiceClient
 from tests.test_torch import assert_bit_equal, final, ranks
 
@@ -108,3 +110,84 @@ def test_a_preemption_save_compares_nothing_and_its_copy_says_so(tmp_path, monke
     manager._gather(collective=False)
     assert manager._compare_replicas(captured=True) == {"replica_agreement": {"ranks": 2, "checked": False}}
     manager.close()
+
+
+def test_sharded_replica_groups_name_their_minority_or_both_members_of_a_pair():
+    agreeing = {"model.w": "1", "model.w[5, 0]": "2", "bias": "3"}
+    assert groups_disagreement(replica_groups([agreeing] * 4)) is None
+    assert replica_groups([agreeing] * 4)["replica_agreement"]["compared"] == 3
+    alone = [{"model.w": "1"}, {"model.w[5, 0]": "2"}]  # FSDP: every shard one rank's own
+    assert (
+        replica_groups(alone)["replica_agreement"]["compared"] == 0
+        and groups_disagreement(replica_groups(alone)) is None
+    )
+    three = [{"model.w": "1"}, {"model.w": "1"}, {"model.w": "9"}]  # HSDP, three replicas of one shard
+    assert groups_disagreement(replica_groups(three)) == "replicas disagree: rank 2, tensor model.w"
+    pair = [{"model.w[5, 0]": "2"}, {"model.w[5, 0]": "7"}]  # two replicas: neither can be told right
+    assert groups_disagreement(replica_groups(pair)) == "replicas disagree: ranks 0, 1, tensor model.w[5, 0]"
+    assert replica_groups([agreeing, None])["replica_agreement"] == {"ranks": 2, "checked": False}
+
+
+def test_an_hsdp_replica_that_differs_is_named_its_save_is_not_good_and_loads_go_to_the_save_before(
+    tmp_path, sqlite_service
+):
+    """4 gloo ranks in HSDP's layout (2 replica groups × 2 shards): a save whose replicas agree is
+    good; one bit flipped in rank 1's shard (its replica is rank 3's) at the next save → every rank
+    says so, the position is not good, and a load — through the service or from storage alone —
+    reads the save before, bit-equal."""
+    from tests.test_torch import dcp_expected
+
+    job = f"hsdp-{uuid.uuid4().hex[:6]}"
+    storage, url = f"{sqlite_service.storage}/{job}", sqlite_service.live.url
+    common = ["--storage", storage, "--job", job, "--replicas", "2"]
+    agreed = ranks(tmp_path, 4, "save", *common, "--service", url, module="tests.dcp_job")
+    assert not any("disagree" in out for out in agreed)
+    flipped = ranks(
+        tmp_path, 4, "save", *common, "--service", url, "--epoch", "1", "--shift", "1", "--flip", "1",
+        module="tests.dcp_job",
+    )  # fmt: skip
+    reason = "replicas disagree: ranks 1, 3, tensor model.w[5, 0]"
+    assert all(reason in out for out in flipped), flipped[0][-1500:]
+    store = Store(storage)
+    coordinator = [store.manifest(copy) for epoch in (0, 1) for copy in store.copies(job, "node-0", Position(epoch))]
+    assert [disagreement_of(manifest) for manifest in coordinator] == [None, reason]
+    assert coordinator[0].metadata["replica_agreement"]["compared"] > 0, "the agreeing save was compared"
+    with ServiceClient(url) as client:
+        answer = client.last_good_epoch(job)
+        marked = [r for r in client.list_checkpoints(job, epoch=1) if r.state == "corrupt"]
+    assert answer.resume.to_position() == Position(0, None) and [r.reason for r in marked] == [reason]
+    for service in (["--service", url], []):
+        loaded = final(ranks(tmp_path, 4, "load", *common, *service, module="tests.dcp_job")[0])
+        assert_bit_equal(loaded, dcp_expected())  # epoch 0's values: epoch 1 saved them shifted by 1
+
+
+def test_the_step_after_a_save_waits_until_the_state_saved_is_hashed():
+    """Ranks other than the writer hash parameters and optimizer state in the background: the next
+    optimizer step (the only thing that changes them) is held until then — and only then."""
+    import threading
+
+    import torch
+
+    from ckptstore.client.torch.replicas import StepGuard, _step_owned
+
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.Adam(model.parameters())
+    model(torch.ones(1, 4)).sum().backward()
+    optimizer.step()
+    owned = _step_owned({"model": model, "optimizer": optimizer})
+    assert {p.data_ptr() for p in model.parameters()} <= owned
+    assert optimizer.state[model.weight]["exp_avg"].data_ptr() in owned
+    guard = StepGuard({"model": model, "optimizer": optimizer})
+    before = model.weight.detach().clone()
+    guard.hold()
+    stepping = threading.Thread(target=optimizer.step)
+    stepping.start()
+    stepping.join(0.5)
+    assert stepping.is_alive() and torch.equal(model.weight, before), "held: the hashed state is unchanged"
+    guard.release()
+    stepping.join(5)
+    assert not stepping.is_alive() and not torch.equal(model.weight, before)
+    unheld = threading.Thread(target=optimizer.step)
+    unheld.start()
+    unheld.join(5)
+    assert not unheld.is_alive(), "nothing held: the step runs at once"

@@ -24,6 +24,7 @@ import logging
 import sys
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
@@ -366,6 +367,8 @@ class NodeCheckpointer:
     ) -> None:
         assert self.attempt is not None, "register() numbers the attempt before any save"
         started = time.perf_counter()
+        # A value known only after the capture (the replicas' hashes) is waited for here, off the training path.
+        metadata = {key: value.result() if isinstance(value, Future) else value for key, value in metadata.items()}
         metadata |= {"metrics": metrics}
         copy = self.store.key(self.job, self.node, position, self.attempt)
         with tracing.span("ckptstore.write", job=self.job, node=self.node, position=str(position)) as span:

@@ -13,7 +13,9 @@ max_to_keep, …), with a service each rank registers an attempt (fencing a zomb
 queued and retried like any other; the position becomes good once every rank's is in. Rank 0 (the
 coordinator) commits its own items together with DCP's metadata once every rank has written, so a
 position whose metadata is readable had every rank's part committed first. A save that cannot be
-written raises (DCP must not believe it saved). Loading reads only the byte ranges the plan needs,
+written raises (DCP must not believe it saved). Tensors more than one rank holds (plain tensors,
+DTensor shards a mesh replicates: HSDP) are compared across their holders at each save; a
+disagreement is said on every rank and makes the position not good (ckptstore/agreement.py). Loading reads only the byte ranges the plan needs,
 verified, from the attempts the metadata names, on the durable tier; DCP reshards to any number of
 ranks. A rank's copy that fails verification is marked and never loaded: the load raises, so
 loading again resumes from the previous good position. DCP's metadata is a pickle (as in DCP's
@@ -25,6 +27,7 @@ not a signature).
 from __future__ import annotations
 
 import io
+import logging
 import pickle
 from collections import defaultdict
 from collections.abc import Mapping
@@ -42,21 +45,25 @@ from torch.distributed.checkpoint import (
     StorageReader,
     StorageWriter,
 )
-from torch.distributed.checkpoint.planner import LoadItemType, WriteItemType
+from torch.distributed.checkpoint.metadata import MetadataIndex
+from torch.distributed.checkpoint.planner import LoadItemType, WriteItem, WriteItemType
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
 from ckptstore import Position
+from ckptstore.agreement import disagreement_of, groups_disagreement, replica_groups
 from ckptstore.client.engine.identity import NodeIdentity
 from ckptstore.client.engine.node import NodeCheckpointer
 from ckptstore.client.engine.options import CheckpointOptions
 from ckptstore.client.torch.state import BITS, host_array
 from ckptstore.deferred import VerifiedTensors
 from ckptstore.errors import CheckpointNotFoundError, CorruptCheckpointError
+from ckptstore.format.crc import checksum, format_crc
 from ckptstore.wire.schema import MarkState
 
 __all__ = ["CkptstoreWriter", "CkptstoreReader", "METADATA_KEY"]
 
+log = logging.getLogger("ckptstore.client")
 METADATA_KEY = "dcp/metadata"
 COORDINATOR = "node-0"
 
@@ -115,6 +122,36 @@ def _fill(arrays: Mapping[str, np.ndarray], items: list[tuple[Any, _Stored]], pl
         planner.commit_tensor(item, target)
 
 
+def _replica_key(index: MetadataIndex) -> str:
+    """A replicated shard's name in the comparison: the tensor's path, and its offset when sharded."""
+    offset = tuple(index.offset or ())
+    return index.fqn if not any(offset) else f"{index.fqn}{list(offset)}"
+
+
+def _replica_hashes(planner: SavePlanner, items: list[WriteItem]) -> dict[str, str]:
+    """The CRC32C of each tensor this rank holds that other ranks hold too: a plain tensor (DCP takes
+    it as every rank's), a DTensor's shard where the mesh replicates it (HSDP). Shards of a DTensor
+    sharded on every dimension are this rank's alone: nothing to compare."""
+    from torch.distributed.tensor import DTensor
+
+    state = getattr(planner, "state_dict", None)
+    if not isinstance(state, Mapping):
+        raise TypeError(f"{type(planner).__name__} keeps no state_dict to hash")
+    hashes = {}
+    for item in items:
+        held = state.get(item.index.fqn)
+        if isinstance(held, DTensor):
+            mesh = held.device_mesh
+            if not any(p.is_replicate() and mesh.size(d) > 1 for d, p in enumerate(held.placements)):
+                continue
+        elif not isinstance(held, torch.Tensor):
+            continue
+        data = planner.resolve_data(item)
+        assert isinstance(data, torch.Tensor)
+        hashes[_replica_key(item.index)] = format_crc(checksum(host_array(data)))
+    return hashes
+
+
 def _rank() -> tuple[int, int]:
     import torch.distributed as dist
 
@@ -168,6 +205,8 @@ class CkptstoreWriter(StorageWriter):
         self.position = Position(epoch, batch)
         self.node: NodeCheckpointer | None = None
         self._held: dict[str, np.ndarray] = {}  # the coordinator's items, committed with the metadata
+        self._held_items: list[WriteItem] = []  # this rank's tensors before DCP drops the replicas others write
+        self._agreement: dict[str, Any] = {}  # the replicas' comparison (ckptstore/agreement.py)
 
     def reset(self, checkpoint_id: Any = None) -> None:
         self._held = {}
@@ -182,13 +221,38 @@ class CkptstoreWriter(StorageWriter):
         self.node.register()
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
+        self._held_items = [item for item in plan.items if item.type != WriteItemType.BYTE_IO]
         return plan
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
         return plans
 
+    def _compare_replicas(self, planner: SavePlanner) -> None:
+        """Every rank hashes the replicated tensors it holds — before DCP's deduplication dropped the
+        copies other ranks write: plain tensors (every rank's) and DTensor shards replicated over a
+        mesh dimension (HSDP's replica groups) — and every rank gets every rank's hashes (one small
+        all-gather), so each can say a disagreement; the coordinator keeps them with its part."""
+        import torch.distributed as dist
+
+        if self.world == 1:
+            return
+        try:
+            hashes: dict[str, str] | None = _replica_hashes(planner, self._held_items)
+        except Exception as exc:  # the other ranks wait in the gather: never leave them there
+            log.warning(
+                "ckptstore: rank %d could not hash its replicas (%s): this save is not compared", self.rank, exc
+            )
+            hashes = None
+        gathered: list[Any] = [None] * self.world
+        dist.all_gather_object(gathered, hashes)
+        self._agreement = replica_groups(gathered)
+        disagree = groups_disagreement(self._agreement)
+        if disagree is not None:
+            log.warning("%s: the DCP save at %s is kept but not good", disagree, self.position)
+
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         assert self.node is not None and self.node.attempt is not None, "set_up_storage_writer runs first"
+        self._compare_replicas(planner)
         arrays: dict[str, np.ndarray] = {}
         results = []
         for number, item in enumerate(plan.items):
@@ -217,16 +281,17 @@ class CkptstoreWriter(StorageWriter):
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         metadata.storage_data = {result.index: result.storage_data for rank in results for result in rank}
         self._held[METADATA_KEY] = np.frombuffer(pickle.dumps(metadata), np.uint8)
-        self._commit(self._held)
+        self._commit(self._held, self._agreement)
         self._held = {}
 
-    def _commit(self, arrays: dict[str, np.ndarray]) -> None:
-        """Save this rank's part (synchronously: it raises if it cannot), its records sent, then let the node go."""
+    def _commit(self, arrays: dict[str, np.ndarray], agreement: Mapping[str, Any] | None = None) -> None:
+        """Save this rank's part (synchronously: it raises if it cannot), its records sent, then let the
+        node go. The coordinator's part carries the replicas' comparison: a disagreement marks it, and
+        so the position, not good."""
         assert self.node is not None
+        metadata = {"format": "torch.distributed.checkpoint", "ranks": self.world, **(agreement or {})}
         try:
-            self.node.save(
-                self.position, arrays, metadata={"format": "torch.distributed.checkpoint", "ranks": self.world}
-            )
+            self.node.save(self.position, arrays, metadata=metadata)
         finally:
             self.node.close()
 
@@ -268,9 +333,22 @@ class CkptstoreReader(StorageReader):
                 raise CheckpointNotFoundError(f"job {self.job!r} has no good position yet")
             return resume.to_position()
         positions = {p for store in self.node.tiers.values() for p in store.list_positions(self.job, COORDINATOR)}
-        if not positions:
-            raise CheckpointNotFoundError(f"no DCP checkpoint of job {self.job!r} under {self.node.store.url}")
-        return max(positions)
+        for position in sorted(positions, reverse=True):
+            disagree = self._disagreement_at(position)
+            if disagree is None:
+                return position
+            log.warning("%s: passing over the DCP save at %s", disagree, position)
+        raise CheckpointNotFoundError(f"no DCP checkpoint of job {self.job!r} under {self.node.store.url}")
+
+    def _disagreement_at(self, position: Position) -> str | None:
+        """The replicas' disagreement the coordinator's newest committed copy at `position` records."""
+        store = self.node.store
+        for key in reversed(store.copies(self.job, COORDINATOR, position)):
+            try:
+                return disagreement_of(store.manifest(key))
+            except (CheckpointNotFoundError, CorruptCheckpointError):
+                continue
+        return None
 
     def read_metadata(self) -> Metadata:
         if self.position is None:

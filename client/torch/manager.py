@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from ckptstore import Position
-from ckptstore.agreement import agreement_metadata, hashes, unchecked_metadata
+from ckptstore.agreement import unchecked_metadata
 from ckptstore.client.engine.cadence import SaveEvery
 from ckptstore.client.engine.identity import NodeIdentity
 from ckptstore.client.engine.manager import LoopManager
@@ -36,6 +36,7 @@ from ckptstore.client.engine.options import CheckpointOptions
 from ckptstore.client.torch.distributed import DistributedLoaderPosition, is_distributed_loader
 from ckptstore.client.torch.fingerprint import fingerprint, is_data
 from ckptstore.client.torch.loaders import generator_states, is_loader, replay_after_first_iterator
+from ckptstore.client.torch.replicas import ReplicaComparison
 from ckptstore.client.torch.sampler import ResumableSampler
 from ckptstore.client.torch.state import flatten, host_views_are_live, rng_state, set_rng_state, unflatten
 from ckptstore.deferred import VerifiedTensors
@@ -135,6 +136,7 @@ class CheckpointManager(LoopManager):
         self.replicated = replicated
         self._rank_rngs: list[Any] | None = None  # every rank's (RNG, seed), gathered for the save (rank 0 writes)
         self._comparing = False  # this save's replicas are compared (a collective save of replicated state)
+        self._replicas: ReplicaComparison | None = None
 
     def _world(self) -> tuple[int, int]:
         import torch.distributed as dist
@@ -170,30 +172,19 @@ class CheckpointManager(LoopManager):
             log.warning("%s: that save is kept but not good; a resume goes to where they agreed", told[0])
 
     def _compare_replicas(self, *, captured: bool) -> dict[str, Any]:
-        """Every rank but the writer hashes its model and optimizer state while the writer captures
-        its own (they are the same step: the next all-reduce waits for the writer), and the writer
-        gathers those hashes for its copy's metadata (ckptstore/agreement.py)."""
-        import torch.distributed as dist
-
+        """Every rank but the writer hashes its model and optimizer state, and the writer gets those
+        hashes for its copy's metadata — off the training path (client/torch/replicas.py)."""
         size, rank = self._world()
         if not self._comparing:
             return {} if size == 1 or not self.replicated else unchecked_metadata(size)
-        sent = None if rank == 0 else self._state_hashes(named=rank == 1)
-        gathered: list[Any] | None = [None] * size if rank == 0 else None
-        dist.gather_object(sent, gathered, dst=0)
-        if gathered is None or not captured:
-            return {}
-        return agreement_metadata([ranked[0] for ranked in gathered[1:]], gathered[1][1])
+        if self._replicas is None:
+            self._replicas = ReplicaComparison(self.objects, size, rank)
+        return self._replicas.compare(captured=captured)
 
-    def _state_hashes(self, *, named: bool) -> tuple[dict[str, str], dict[str, str]]:
-        """The CRC32C of every tensor of the model, optimizer and other non-data objects by its key in
-        the checkpoint, and (`named`) each key's path as a person reads it."""
-        views: dict[str, np.ndarray] = {}
-        names: dict[str, str] = {}
-        for name, obj in self.objects.items():
-            if not is_data(obj):
-                flatten(obj.state_dict(), name, views, names if named else None)
-        return hashes(views), names
+    def close(self) -> None:
+        if self._replicas is not None:
+            self._replicas.close()
+        super().close()
 
     @property
     def _decided_apart(self) -> bool:

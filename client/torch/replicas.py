@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from datetime import timedelta
 from typing import Any
 
@@ -52,6 +52,22 @@ def _step_owned(objects: Mapping[str, Any]) -> set[int]:
     return owned
 
 
+def _in_background(work: Callable[[], None]) -> Future[None]:
+    """Run `work` on a daemon thread: a gather waiting for a rank that died never holds the process's
+    exit (an executor's threads are joined at exit)."""
+    done: Future[None] = Future()
+
+    def run() -> None:
+        try:
+            work()
+            done.set_result(None)
+        except BaseException as exc:  # handed to whoever waits for it
+            done.set_exception(exc)
+
+    threading.Thread(target=run, name="ckptstore-agreement", daemon=True).start()
+    return done
+
+
 class StepGuard:
     """Holds every optimizer's next `step()` among `objects` while the tensors it changes are being
     hashed (a step pre-hook), and lets it go once they are."""
@@ -82,7 +98,6 @@ class ReplicaComparison:
 
         self.objects, self.size, self.rank = objects, size, rank
         self.group = dist.new_group(backend="gloo", timeout=GATHER_TIMEOUT)
-        self.worker = ThreadPoolExecutor(1, thread_name_prefix="ckptstore-agreement")
         self.pending: Future[Any] | None = None  # the previous save's hashing and gather
         self.guard = StepGuard(objects)
 
@@ -93,14 +108,14 @@ class ReplicaComparison:
         self.wait()
         if self.rank == 0:
             agreement: Future[Any] = Future()
-            self.pending = self.worker.submit(self._receive, agreement)
+            self.pending = _in_background(lambda: self._receive(agreement))
             return {AGREEMENT_KEY: agreement} if captured else {}
         views, names = self._views(named=self.rank == 1)
         owned = _step_owned(self.objects)
         later = {key: view for key, view in views.items() if view.size and view.ctypes.data in owned}
         now = hashes({key: view for key, view in views.items() if key not in later})
         self.guard.hold()
-        self.pending = self.worker.submit(self._send, now, later, names)
+        self.pending = _in_background(lambda: self._send(now, later, names))
         return {}
 
     def wait(self) -> None:
@@ -111,7 +126,6 @@ class ReplicaComparison:
 
     def close(self) -> None:
         self.wait()
-        self.worker.shutdown()
 
     def _views(self, *, named: bool) -> tuple[dict[str, np.ndarray], dict[str, str]]:
         """Host views of every tensor of the model, optimizer and other non-data objects by its key in

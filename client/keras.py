@@ -10,10 +10,9 @@ Exact mid-epoch resume with `save_freq=<int>`: `fit` reads `model._initial_epoch
 the callback installs a function that only advances the data iterator over the batches already
 trained, then puts the original back — the RNGs as the epoch began first, so the epoch's order is
 drawn again, and as saved once the batches are skipped. This is exact for in-memory arrays (shuffled
-or not, on every backend) and for `tf.data`
-pipelines that are deterministic and unshuffled (or shuffled with a fixed seed and
-`reshuffle_each_iteration=False`); a pipeline that reshuffles differently after a restart sees
-different batches — fix its seed, or use `save_freq="epoch"`.
+or not, on every backend) and for seeded `tf.data` pipelines, reshuffling ones included: a save keeps
+how many iterators fit had made of its dataset, and a resume makes them again before the resumed
+epoch's (`_DataIterations`; TensorFlow backend), so the pipeline draws the saved run's order.
 """
 
 from __future__ import annotations
@@ -38,24 +37,61 @@ __all__ = ["BackupAndRestore"]
 log = logging.getLogger("ckptstore.client")
 
 
-def _fit_adapter(model: keras.Model) -> Any:
-    """The data adapter of the `fit` of `model` calling this callback (its `epoch_iterator`'s): Keras
-    gives callbacks no handle on the data, so the caller's frames are searched (None if not found)."""
+def _fit_epoch_iterator(model: keras.Model) -> Any:
+    """The epoch iterator of the `fit` of `model` calling this callback: Keras gives callbacks no
+    handle on the data, so the caller's frames are searched (None if not found)."""
     frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         if frame.f_locals.get("self") is model and "epoch_iterator" in frame.f_locals:
-            return getattr(frame.f_locals["epoch_iterator"], "data_adapter", None)
+            return frame.f_locals["epoch_iterator"]
         frame = frame.f_back
     return None
 
 
-def _fit_data(model: keras.Model, params: dict[str, Any]) -> dict[str, Any]:
+class _DataIterations:
+    """Counts the iterators `fit` makes of its dataset. A `tf.data` pipeline that reshuffles each
+    iteration (`shuffle()`'s default) draws its N-th iterator's order from its seed and N, and a
+    restarted process starts again from N = 0; so each save keeps the count, and a resume makes the
+    iterators the saved run had made before the resumed epoch's — on the TensorFlow backend, where
+    making one reads no element — and the resumed epoch draws the saved run's order."""
+
+    def __init__(self, epoch_iterator: Any):
+        self.epoch_iterator, self.made = epoch_iterator, 0
+        make = epoch_iterator._get_iterator
+
+        def counted() -> Any:
+            self.made += 1
+            return make()
+
+        epoch_iterator._get_iterator = counted
+
+    def catch_up(self, saved: int) -> int:
+        """Make the iterators the saved run had made by now; how many were made."""
+        adapter = getattr(self.epoch_iterator, "data_adapter", None)
+        behind = saved - self.made
+        if behind <= 0 or type(adapter).__name__ != "TFDatasetAdapter":
+            return 0
+        if keras.backend.backend() != "tensorflow":
+            log.warning(
+                "ckptstore: fit's tf.data pipeline was iterated %d time(s) before the saved position; on the %s "
+                "backend they cannot be made again without reading it: a pipeline that reshuffles each iteration "
+                "draws another order than the saved run's",
+                saved,
+                keras.backend.backend(),
+            )
+            return 0
+        for _ in range(behind):
+            iter(self.epoch_iterator._get_iterator())
+        return behind
+
+
+def _fit_data(model: keras.Model, epoch_iterator: Any, params: dict[str, Any]) -> dict[str, Any]:
     """The fit's data as the resume audit compares it: steps per epoch and, where fit's data adapter
     says, the batch size, the number of samples and the seed `keras.utils.set_random_seed` set (a
     pipeline's shuffling draws from it) — a change to any of them changes the batches, even where
     the steps per epoch stay the same."""
     part: dict[str, Any] = {"type": "keras fit", "steps": params.get("steps")}
-    adapter = _fit_adapter(model)
+    adapter: Any = getattr(epoch_iterator, "data_adapter", None)
     try:
         batch_size, batches = adapter.batch_size, adapter.num_batches
         partial = adapter.partial_batch_size if adapter.has_partial_batch else None
@@ -124,6 +160,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         self._epoch = 0
         self._skip_batches = 0
         self._rng_after_skip: dict[str, Any] | None = None
+        self._iterations: _DataIterations | None = None
 
     # -- restore -------------------------------------------------------------------------------
 
@@ -145,7 +182,9 @@ class BackupAndRestore(keras.callbacks.Callback):
         if not self.model.built:
             raise ValueError("BackupAndRestore needs a built model: call it on a batch (or build it) before fit()")
         self.manager.objects = self._objects()
-        self.manager.data = {"fit": _fit_data(self.model, self.params)}
+        epoch_iterator = _fit_epoch_iterator(self.model)
+        self.manager.data = {"fit": _fit_data(self.model, epoch_iterator, self.params)}
+        self._iterations = None if epoch_iterator is None else _DataIterations(epoch_iterator)
         self.model._initial_epoch = self.manager.restore_or_initialize()
         position = self.resume_position
         self._rng_after_skip = None
@@ -159,6 +198,18 @@ class BackupAndRestore(keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         self._epoch = epoch
+        saved = self.manager.restored_data_iterations
+        if self._iterations is not None and epoch == self.model._initial_epoch and saved is not None:
+            made = self._iterations.catch_up(saved)
+            if made:
+                print(
+                    f"ckptstore: fit's tf.data pipeline iterated {made} time(s), as the saved run had before this "
+                    "epoch: its reshuffling order is the saved run's",
+                    file=sys.stderr,
+                    flush=True,
+                )
+        if self._iterations is not None:
+            self.manager.data_iterations = self._iterations.made
         self.manager.epoch_rng = global_rng.capture()
         if self._skip_batches and self.resume_position is not None and epoch == self.resume_position.epoch:
             self._install_skipper(self._skip_batches)
@@ -224,6 +275,8 @@ class BackupAndRestore(keras.callbacks.Callback):
             self._save(Position(self._epoch, done), logs)
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        if self._iterations is not None:  # the next epoch's iterator comes after these
+            self.manager.data_iterations = self._iterations.made
         if self.manager.due(epoch):
             self._save(Position(epoch, None), logs)
 

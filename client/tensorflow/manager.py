@@ -48,6 +48,7 @@ RNG, EPOCH_RNG = (
     "rng",
     "rng_epoch_start",
 )  # the global RNGs (client/tensorflow/global_rng.py) now, and as the epoch began
+DATA_ITERATIONS = "data_iterations"  # the iterators Keras' fit had made of its dataset (client/keras.py)
 
 
 def _build_optimizers(objects: Mapping[str, Any]) -> None:
@@ -102,6 +103,8 @@ class CheckpointManager(LoopManager):
         self.data: dict[str, dict[str, Any]] = {}  # data positions a wrapper describes (the Keras fit's steps)
         self.epoch_rng: dict[str, Any] | None = None  # the global RNGs as the epoch began (set by the Keras callback)
         self.restored_epoch_rng: dict[str, Any] | None = None  # the same, of the checkpoint restored
+        self.data_iterations: int | None = None  # iterators of fit's dataset made before the data saved (Keras)
+        self.restored_data_iterations: int | None = None  # the same, of the checkpoint restored
         self.restore_report: RestoreReport | None = None
         self._staging_warm_up: threading.Thread | None = None
 
@@ -133,6 +136,7 @@ class CheckpointManager(LoopManager):
         if RNG in metadata:
             global_rng.restore(metadata[RNG])
         self.restored_epoch_rng = metadata.get(EPOCH_RNG)
+        self.restored_data_iterations = metadata.get(DATA_ITERATIONS)
 
     def _live_fingerprint(self, arrays: Mapping[str, np.ndarray], metadata: Mapping[str, Any]) -> dict[str, Any]:
         with _strategy_scope(self.objects):
@@ -162,9 +166,15 @@ class CheckpointManager(LoopManager):
         for name, iterator in self._iterators.items():
             views[f"{name}/{ITERATOR}"] = iterator_state(iterator)
         described = describe(variables)
-        metadata = {"variables": described, FINGERPRINT_KEY: self._fingerprint(described), RNG: global_rng.capture()}
+        metadata: dict[str, Any] = {
+            "variables": described,
+            FINGERPRINT_KEY: self._fingerprint(described),
+            RNG: global_rng.capture(),
+        }
         if self.epoch_rng is not None:
             metadata[EPOCH_RNG] = self.epoch_rng
+        if self.data_iterations is not None:
+            metadata[DATA_ITERATIONS] = self.data_iterations
         return views, metadata
 
     def __enter__(self) -> CheckpointManager:

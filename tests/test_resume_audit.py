@@ -230,3 +230,40 @@ def test_a_generator_given_to_the_loader_since_the_save_is_named():
     saved = {"data": {"data": data_fingerprint(loader(None), None)}}
     live = {"data": {"data": data_fingerprint(loader(torch.Generator()), None)}}
     assert differences(saved, live) == ["data (data): generators (its own, its sampler's) 0 → 1"]
+
+
+def test_the_docs_loops_batch_size_is_named_with_the_loader_in_objects(tmp_path):
+    """docs/pytorch.md's loop — a plain DataLoader over a ResumableSampler, the loader in objects: a
+    batch size 32 → 64 is named and refused (the sampler alone cannot see it); unchanged, exact."""
+    from torch.utils.data import DataLoader
+
+    from ckptstore.client.torch import ResumableSampler
+
+    def docs_loop(batch_size: int):
+        torch.manual_seed(0)
+        model = nn.Linear(4, 1)
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+        dataset = torch.utils.data.TensorDataset(torch.randn(256, 4, generator=torch.Generator().manual_seed(1)))
+        loader = DataLoader(dataset, batch_size=batch_size, sampler=ResumableSampler(dataset, seed=0))
+        manager = CheckpointManager(
+            objects={"model": model, "optimizer": optimizer, "data": loader},
+            storage=str(tmp_path / "ckpt"),
+            job="docs-loop",
+            node="n0",
+            async_save=False,
+            resume_check="raise",
+        )
+        return manager, model, optimizer, loader
+
+    manager, *objects = docs_loop(32)
+    manager.restore_or_initialize()
+    train_and_save(manager, *objects)
+    manager.close()
+    unchanged, *_ = docs_loop(32)
+    assert unchanged.check_restore().verdict == "exact"
+    unchanged.close()
+    changed, *_ = docs_loop(64)
+    assert "data (data): batch size 32 → 64" in changed.check_restore().differences
+    with pytest.raises(ResumeDriftError, match="batch size 32 → 64"):
+        changed.restore_or_initialize()
+    changed.close()

@@ -37,9 +37,9 @@ def data(rank: int) -> torch.utils.data.TensorDataset:
 
 def loader(kind: str, dataset: torch.utils.data.Dataset, seed: int):
     """The data pipeline, as users write it:
-    plain     the plain DataLoader over ckptstore's ResumableSampler, with a generator of its own;
+    plain     the plain DataLoader over ckptstore's ResumableSampler, with a generator of its own; the sampler in objects;
     stateful  torchdata's StatefulDataLoader over the same sampler, two worker processes;
-    docs      docs/pytorch.md's loop: DataLoader(dataset, batch_size, sampler=ResumableSampler(...));
+    docs      docs/pytorch.md's loop: DataLoader(dataset, batch_size, sampler=ResumableSampler(...)), the loader in objects;
     ddp       the PyTorch DDP tutorial's: DataLoader(dataset, batch_size, sampler=DistributedSampler(dataset));
     shuffle   StatefulDataLoader(dataset, batch_size, shuffle=True) — torchdata's defaults;
     shuffle-gen  the same with generator=torch.Generator();
@@ -119,7 +119,7 @@ def main() -> None:
     from ckptstore.client.torch import CheckpointManager
 
     objects = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "data": batches}
-    if args.loader in ("plain", "docs"):
+    if args.loader == "plain":  # the sampler alone in objects, as users may write it
         objects["data"] = batches.sampler
     elif args.loader == "unsaved":
         del objects["data"]

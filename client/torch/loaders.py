@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from ckptstore.client.torch.distributed import DistributedLoaderPosition
-from ckptstore.client.torch.sampler import ResumableSampler
+from ckptstore.client.torch.sampler import ResumableSampler, ResumableSamplerLoader
 
 __all__ = [
     "is_loader",
@@ -118,6 +118,8 @@ def data_fingerprint(obj: Any, state: Mapping[str, Any] | None) -> dict[str, Any
     when `obj` is not a data loader or sampler."""
     if isinstance(obj, ResumableSampler):
         return {"type": "ResumableSampler"} | _sampler_part(obj, state)
+    if isinstance(obj, ResumableSamplerLoader):  # the loader's batch size, and its sampler's position
+        return data_fingerprint(obj.loader, state)
     if isinstance(obj, DistributedLoaderPosition):  # the world size may change: resharded, not drift
         sampler = obj.sampler
         return {

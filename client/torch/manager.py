@@ -37,7 +37,7 @@ from ckptstore.client.torch.distributed import DistributedLoaderPosition, is_dis
 from ckptstore.client.torch.fingerprint import fingerprint, is_data
 from ckptstore.client.torch.loaders import generator_states, is_loader, replay_after_first_iterator
 from ckptstore.client.torch.replicas import ReplicaComparison
-from ckptstore.client.torch.sampler import ResumableSampler
+from ckptstore.client.torch.sampler import ResumableSampler, ResumableSamplerLoader, is_resumable_sampler_loader
 from ckptstore.client.torch.state import flatten, host_views_are_live, rng_state, set_rng_state, unflatten
 from ckptstore.deferred import VerifiedTensors
 from ckptstore.errors import ReplicasDisagreeError, ResumeRefusedError
@@ -72,6 +72,16 @@ def _in_place(obj: Any, name: str, saved_tree: Any, arrays: Mapping[str, np.ndar
         return None
     arrays.read_into({key: view for key, view in views.items() if view.nbytes})
     return state
+
+
+def _data_position(obj: Any) -> Any:
+    """A DataLoader in `objects` with no state of its own, as what saves and restores its position:
+    over a DistributedSampler (the DDP loop) or a ResumableSampler; anything else as given."""
+    if is_distributed_loader(obj):
+        return DistributedLoaderPosition(obj)
+    if is_resumable_sampler_loader(obj):
+        return ResumableSamplerLoader(obj)
+    return obj
 
 
 def distributed_identity(replicated: bool) -> NodeIdentity | None:
@@ -109,9 +119,7 @@ class CheckpointManager(LoopManager):
         local_storage: str | None = None,
         **settings: Any,
     ):
-        objects = {
-            name: DistributedLoaderPosition(obj) if is_distributed_loader(obj) else obj for name, obj in objects.items()
-        }
+        objects = {name: _data_position(obj) for name, obj in objects.items()}
         for name, obj in objects.items():
             if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
                 raise TypeError(
@@ -280,7 +288,7 @@ class CheckpointManager(LoopManager):
         for name, obj in self.objects.items():
             if is_loader(obj):
                 replay_after_first_iterator(obj, list(generators.get(name, [])), restored)
-            elif isinstance(obj, (ResumableSampler, DistributedLoaderPosition)):
+            elif isinstance(obj, (ResumableSampler, ResumableSamplerLoader, DistributedLoaderPosition)):
                 obj.restore_rng_when_iterated(restored)
 
     def _started(self) -> None:

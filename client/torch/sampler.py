@@ -13,9 +13,9 @@ from collections.abc import Iterator, Mapping, Sized
 from typing import Any
 
 import torch
-from torch.utils.data import Sampler
+from torch.utils.data import DataLoader, Sampler
 
-__all__ = ["ResumableSampler"]
+__all__ = ["ResumableSampler", "ResumableSamplerLoader", "is_resumable_sampler_loader"]
 
 
 class ResumableSampler(Sampler[int]):
@@ -69,3 +69,27 @@ class ResumableSampler(Sampler[int]):
                 f"now {self.seed}, {self.shuffle}, {self.size}"
             )
         self.epoch, self.taken = state["epoch"], state["taken"]
+
+
+def is_resumable_sampler_loader(obj: Any) -> bool:
+    """A plain DataLoader (no state of its own) drawing from a ResumableSampler."""
+    return isinstance(obj, DataLoader) and isinstance(obj.sampler, ResumableSampler) and not hasattr(obj, "state_dict")
+
+
+class ResumableSamplerLoader:
+    """What `objects={"data": loader}` keeps of a plain DataLoader over a ResumableSampler: the
+    sampler's state — and, in the fingerprint, the loader's batch size, which the sampler alone
+    cannot see (a resume with another batch size is named, not audited exact)."""
+
+    def __init__(self, loader: DataLoader):
+        self.loader = loader
+        self.sampler: ResumableSampler = loader.sampler  # type: ignore[assignment]
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.sampler.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.sampler.load_state_dict(state)
+
+    def restore_rng_when_iterated(self, rng: torch.Tensor) -> None:
+        self.sampler.restore_rng_when_iterated(rng)

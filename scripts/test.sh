@@ -18,4 +18,4 @@ fi
 .venv/bin/mypy
 # The few long soak and outage runs are marked `slow` and left out, so the whole run stays within 30
 # minutes on 2 cores; `bash scripts/test.sh -m slow` runs them (a later -m replaces this one).
-exec .venv/bin/python -m pytest -m "not slow" "$@"
+exec .venv/bin/python -m pytest -m "not slow" --durations=40 "$@"

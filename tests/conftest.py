@@ -105,3 +105,40 @@ def service(request) -> Service:
 @pytest.fixture
 def job_name() -> str:
     return f"job-{uuid.uuid4().hex[:12]}"
+
+
+# Long variants of checks whose other variants stay in the default run (another Keras backend, another
+# storage or loader of the same loop, a second DCP world size, a second compose/deploy/presigned
+# scenario): marked slow here so the default run keeps near 30 minutes on 2 cores (the slowest 40 of
+# `bash scripts/test.sh --durations`); `bash scripts/test.sh -m slow` runs them.
+LONG_VARIANTS = {
+    "tests/test_training.py::test_keras_on_the_jax_and_pytorch_backends_resumes_mid_epoch_bit_equal[jax]",
+    "tests/test_training.py::test_keras_on_the_jax_and_pytorch_backends_resumes_mid_epoch_bit_equal[torch]",
+    "tests/test_training.py::test_keras_as_users_write_it_shuffled_with_unseeded_dropout_resumes_bit_equal[mid-epoch-torch]",
+    "tests/test_training.py::test_keras_as_users_write_it_shuffled_with_unseeded_dropout_resumes_bit_equal[mid-epoch-jax]",
+    "tests/test_training.py::test_keras_as_users_write_it_shuffled_with_unseeded_dropout_resumes_bit_equal[epoch-end-torch]",
+    "tests/test_training.py::test_keras_as_users_write_it_shuffled_with_unseeded_dropout_resumes_bit_equal[epoch-end-jax]",
+    "tests/test_training.py::test_killed_and_resumed_training_is_bit_equal_to_uninterrupted[keras-every-4-batches-spe-2]",
+    "tests/test_training.py::test_killed_and_resumed_training_is_bit_equal_to_uninterrupted[custom-loop]",
+    "tests/test_training.py::test_multi_worker_only_the_chief_writes_and_both_restore_the_same_position[restore-outside-the-scope]",
+    "tests/test_torch.py::test_a_loop_killed_mid_epoch_resumes_bit_exactly[s3-stateful-False]",
+    "tests/test_torch.py::test_a_loop_killed_mid_epoch_resumes_bit_exactly[s3-plain-True]",
+    "tests/test_torch.py::test_a_loop_killed_mid_epoch_resumes_bit_exactly[local-stateful-True]",
+    "tests/test_torch.py::test_dcp_saved_by_two_ranks_loads_exactly_on_one_and_on_four[4]",
+    "tests/test_torch.py::test_per_rank_state_a_rank_dying_before_its_commit_leaves_the_position_not_good",
+    "tests/test_exact_resume.py::test_ddp_with_replicated_state_restores_every_rank_its_own_rng[per-rank seeds]",
+    "tests/test_exact_resume.py::test_each_pipeline_as_users_write_it_resumes_bit_exactly_and_audits_exact[stateful-epoch-end]",
+    "tests/test_compose.py::test_the_trainer_holds_no_credentials_and_is_killed_and_resumed_through_signed_urls",
+    "tests/test_presigned_path.py::test_keras_with_a_local_tier_replicates_and_a_new_machine_resumes_through_urls",
+    "tests/test_deploy.py::test_the_slurm_script_saves_on_sigterm_requeues_resumes_and_never_requeues_a_refusal",
+    "tests/test_fallback.py::test_three_nodes_with_one_corrupt_part_all_resume_from_the_same_older_position",
+    "tests/test_manifest.py::test_mutated_real_manifests_are_refused_or_identical",
+    "tests/test_training_polish.py::test_health_says_ok_after_storage_recovers_and_for_nodes_that_never_failed",
+}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.nodeid in LONG_VARIANTS:
+            item.add_marker(pytest.mark.slow)

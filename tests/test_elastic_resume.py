@@ -81,6 +81,27 @@ def test_a_restart_on_another_world_size_trains_every_sample_of_the_epoch_once(
     assert sorted(following) == list(range(480)), "and of the next epoch, on the new world size"
 
 
+def test_a_second_restart_counts_from_the_resharded_position(tmp_path):
+    """4 ranks killed after the save at 0.4 (128 of 480 samples), 2 ranks resume and are killed after
+    the save at 0.8 — 4 batches of 2 × 8 later: 192 — and 3 ranks finish: every sample of the epoch
+    once (a save after a resharded resume counts from the resumed count, not batch × size × world)."""
+    storage, job = str(tmp_path / "ckpt"), f"elastic-twice-{uuid.uuid4().hex[:6]}"
+    common = ["--storage", storage, "--job", job]
+    elastic_ranks(tmp_path, 4, "first", *common, "--kill-epoch", "0", "--kill-batch", "5", killed=True)
+    second = ["--kill-epoch", "0", "--kill-batch", "9"]
+    assert elastic_ranks(tmp_path, 2, "second", *common, *second, killed=True)[0].startswith("RESUMED 0 4")
+    outputs = elastic_ranks(tmp_path, 3, "third", *common)
+    assert {o.splitlines()[0] for o in outputs} == {"RESUMED 0 8"}
+    trained = [
+        i
+        for run, before in (("first", 4), ("second", 8), ("third", None))
+        for r in trained_in(tmp_path, run)
+        if r["epoch"] == 0 and (before is None or r["batch"] < before)
+        for i in r["indices"]
+    ]
+    assert sorted(trained) == list(range(480)), "every sample of the interrupted epoch once, over three worlds"
+
+
 def test_resharded_only_when_the_world_alone_changed_and_every_data_object_reshards():
     from ckptstore.fingerprint import verdict
 

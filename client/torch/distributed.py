@@ -16,6 +16,8 @@ epoch's samples consumed — every rank took `batch × batch_size` of them, inte
 resumed epoch's first iterator yield, on each rank, the rest of that same global order from the
 count: `world` ranks then may be any number (resharded: no sample twice, none skipped, beyond the
 padding `DistributedSampler` itself adds to make the ranks even). Later epochs are the sampler's own.
+The loop's batch numbers go on from the position resumed from (positions stay in order), so a save
+later in that epoch counts from the resumed count, `world` samples a batch per rank from there.
 """
 
 from __future__ import annotations
@@ -100,6 +102,7 @@ class DistributedLoaderPosition:
         self.batch_sampler: Any = loader.batch_sampler
         self.position: Position | None = None  # the position being saved (set by the manager)
         self.rng_on_start: torch.Tensor | None = None  # the global RNG as restored (`restore_rng_when_iterated`)
+        self.resumed: tuple[int, int, int] | None = None  # (epoch, batch, global count) of the position resumed from
 
     def state_dict(self) -> dict[str, Any]:
         """The sampler's settings and the global count consumed of the epoch the position is in."""
@@ -109,10 +112,11 @@ class DistributedLoaderPosition:
         elif position.batch is None:
             epoch, consumed = position.epoch + 1, 0  # an epoch's end: the next one starts from its first sample
         else:
-            epoch, consumed = position.epoch, position.batch * (self.loader.batch_size or 1) * sampler.num_replicas
+            epoch, consumed = position.epoch, self._consumed(position.epoch, position.batch)
         return {
             "epoch": epoch,
             "consumed": consumed,
+            "batch": None if position is None else position.batch,
             "world": sampler.num_replicas,
             "seed": sampler.seed,
             "shuffle": sampler.shuffle,
@@ -120,6 +124,15 @@ class DistributedLoaderPosition:
             "length": len(sampler.dataset),  # type: ignore[arg-type]
             "batch_size": self.loader.batch_size,
         }
+
+    def _consumed(self, epoch: int, batch: int) -> int:
+        """The global count of `epoch`'s samples trained once the loop is at `batch`: from the resumed
+        position's count when the loop resumed in that epoch (on this world size or another)."""
+        per_batch = (self.loader.batch_size or 1) * self.sampler.num_replicas
+        resumed = self.resumed
+        if resumed is not None and resumed[0] == epoch and batch >= resumed[1]:
+            return resumed[2] + (batch - resumed[1]) * per_batch
+        return batch * per_batch
 
     def restore_rng_when_iterated(self, rng: torch.Tensor) -> None:
         """Set the global torch RNG to `rng` when the resumed epoch's iterator starts (`_ResumedEpoch`)."""
@@ -135,4 +148,8 @@ class DistributedLoaderPosition:
         if saved != now:
             raise ValueError(f"the DistributedSampler changed: saved seed/shuffle/length {saved}, now {now}")
         if state["consumed"]:
+            batch = state.get("batch")  # absent in older copies, saved when the count was batch × size × world
+            if batch is None:
+                batch = state["consumed"] // ((state["batch_size"] or 1) * state["world"])
+            self.resumed = (state["epoch"], batch, state["consumed"])
             self.batch_sampler.sampler = _ResumedEpoch(self, state["epoch"], state["consumed"])

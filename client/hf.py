@@ -13,6 +13,14 @@ and resumes from it the Trainer's own way: weights, optimizer, scheduler, RNG, a
 for the data position. The callback finds its Trainer when the Trainer is built (`on_init_end`) and
 wraps that one's `train`; if it cannot, it says so, and a run with copies to resume from is refused
 rather than started from scratch.
+
+Under DDP rank 0 writes and every rank restores rank 0's copy. Each save also keeps how many batches of
+its epoch the whole job had trained (the Trainer's sampler draws one global order of batches per epoch
+from its seed, and accelerate deals them out to the ranks in turn), so a restart on another number of
+ranks goes on from that count: the Trainer's step is put where it skips that many on the new world
+size (the batches of a last step the ranks cannot share evenly are skipped under it), no batch twice,
+none skipped — beyond the padding accelerate itself adds to make the ranks' last batches even. Positions
+go on counting from the one resumed from.
 """
 
 from __future__ import annotations
@@ -24,12 +32,13 @@ import shutil
 import struct
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from types import FrameType
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import transformers
+from torch.utils.data import Sampler
 from transformers import TrainerCallback
 
 from ckptstore import Position
@@ -38,6 +47,7 @@ from ckptstore.client.engine.node import NodeCheckpointer
 from ckptstore.client.engine.options import CheckpointOptions
 from ckptstore.client.engine.restore import restore_in_one_pass
 from ckptstore.client.torch.fingerprint import fingerprint
+from ckptstore.client.torch.manager import ranks_node
 from ckptstore.copies import Restored
 from ckptstore.errors import ResumeRefusedError
 from ckptstore.fingerprint import FINGERPRINT_KEY
@@ -48,6 +58,7 @@ __all__ = ["BackupAndRestore"]
 
 log = logging.getLogger("ckptstore.client")
 LAYOUT_KEY = "hf_checkpoint"  # manifest metadata: the folder's files and how each is stored
+DATA_KEY = "hf_data_position"  # manifest metadata: the epoch's global count of batches trained, and the world size
 STAGING = ".ckptstore-restore"  # under args.output_dir: the restored checkpoint the Trainer resumes from
 
 
@@ -117,9 +128,10 @@ def _length(dataset: Any) -> int | None:
         return None
 
 
-def _fingerprint(model: Any, args: Any, length: int | None) -> dict[str, Any]:
+def _fingerprint(model: Any, args: Any, length: int | None, *, reshards: bool = False) -> dict[str, Any]:
     """The run as the resume audit compares it: the model's arrays, the world, the seed, and the data
-    as the Trainer draws it (batch size, dataset length, data seed)."""
+    as the Trainer draws it (batch size, dataset length, data seed; `reshards`: its order goes on from
+    the saved global count on any world size)."""
     record = fingerprint(
         {"model": model},
         {"model": model.state_dict()},
@@ -135,7 +147,54 @@ def _fingerprint(model: Any, args: Any, length: int | None) -> dict[str, Any]:
         "length": length,
         "seed": seed,
     }
+    if reshards:
+        record["data"]["trainer"]["reshards"] = True
     return record
+
+
+def _reshards(args: Any) -> bool:
+    """Whether the Trainer draws one global order of batches an epoch, from its seed, whatever the world
+    size: its random sampler made seedable by accelerate (the defaults)."""
+    config = getattr(args, "accelerator_config", None)
+    return getattr(args, "train_sampling_strategy", None) == "random" and bool(
+        getattr(config, "use_seedable_sampler", False)
+    )
+
+
+def _update_steps(batches: int, accumulate: int) -> int:
+    """The Trainer's optimizer steps in an epoch of `batches` (the last takes the batches left)."""
+    return max(-(-batches // accumulate), 1)
+
+
+class _Resumed(NamedTuple):
+    """Where a run resumed: the position's epoch and batch (its steps of the epoch, as counted where it
+    was saved), the Trainer's global step there (on this world size) and the epoch's global batches trained."""
+
+    epoch: int
+    batch: int
+    global_step: int
+    consumed: int
+    skipped: int = 0  # samples the sampler skips first: a step's batches the ranks cannot share
+
+
+class _SkipFirst(Sampler[int]):
+    """Stands in for the Trainer's sampler for one iteration: its order without the first `count`
+    indices (the batches of a step the new ranks cannot share evenly)."""
+
+    def __init__(self, owner: Any, count: int):
+        self.owner, self.sampler, self.count = owner, owner.sampler, count
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.sampler.set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[int]:
+        self.owner.sampler = self.sampler  # one iteration: the sampler's own from now on
+        for index, sample in enumerate(self.sampler):
+            if index >= self.count:
+                yield sample
 
 
 def _calling_trainer() -> transformers.Trainer | None:
@@ -169,8 +228,10 @@ class BackupAndRestore(TrainerCallback):
             default_job="hf", job=job, storage=storage, service=service, local_storage=local_storage, **options
         )
         self.checkpointer: NodeCheckpointer | None = None
+        self.resume_position: Position | None = None  # the position this run resumed from (None: fresh)
         self._steps_per_epoch = 1
         self._length: int | None = None
+        self._resumed: _Resumed | None = None
 
     def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         trainer = _calling_trainer()
@@ -189,11 +250,15 @@ class BackupAndRestore(TrainerCallback):
         """Register and restore the newest intact copy into a folder the Trainer resumes from (None:
         fresh), after its resume audit against the Trainer's model, arguments and dataset."""
         started = time.perf_counter()
-        self.checkpointer = NodeCheckpointer(self.options)
+        options, identity = ranks_node(self.options)
+        self.checkpointer = NodeCheckpointer(options, identity=identity)
         found = restore_in_one_pass(self.checkpointer, lambda restored: self._unpack(trainer, restored))
         if found is None:
             return None
         restored, (report, folder) = found
+        if self._resumed is not None and self._resumed.skipped:
+            _skip_once(trainer, self._resumed.skipped)
+        self.resume_position = restored.copy.position
         self.checkpointer.resumed(restored, time.perf_counter() - started, report)
         return folder
 
@@ -205,15 +270,20 @@ class BackupAndRestore(TrainerCallback):
         if LAYOUT_KEY not in metadata:
             raise ValueError("this checkpoint was not written by ckptstore.client.hf.BackupAndRestore")
         check = self.options.resume_check
+        saved = metadata.get(DATA_KEY)
+        args = trainer.args
+        reshards = isinstance(saved, Mapping) and _reshards(args)
         report = audit_restored(
             restored,
             self.checkpointer,
             check,
-            lambda: _fingerprint(trainer.model, trainer.args, _length(trainer.train_dataset)),
+            lambda: _fingerprint(trainer.model, args, _length(trainer.train_dataset), reshards=reshards),
         )
-        folder = os.path.join(str(trainer.args.output_dir), STAGING, f"checkpoint-{metadata['global_step']}")
+        folder = os.path.join(_staging(args), f"checkpoint-{metadata['global_step']}")
         shutil.rmtree(folder, ignore_errors=True)
         unpack_folder(restored.checkpoint.arrays, metadata[LAYOUT_KEY], folder)
+        if isinstance(saved, Mapping):
+            self._resumed = _go_on_from(trainer, folder, restored.copy.position, saved)
         return report, folder
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -247,17 +317,84 @@ class BackupAndRestore(TrainerCallback):
             log.warning("ckptstore: the Trainer's checkpoint %s is not there: this save is not in ckptstore", folder)
             return
         arrays, files = pack_folder(folder)
-        epoch, batch = divmod(state.global_step, self._steps_per_epoch)
-        position = Position(epoch - 1) if batch == 0 and epoch > 0 else Position(epoch, batch)
-        metadata = {LAYOUT_KEY: files, "global_step": state.global_step}
+        position, consumed = self._position(state.global_step, args)
+        metadata = {
+            LAYOUT_KEY: files,
+            "global_step": state.global_step,
+            DATA_KEY: {"consumed": consumed, "world": args.world_size},
+        }
         if "model" in kwargs:
             metadata[FINGERPRINT_KEY] = _fingerprint(kwargs["model"], args, self._length)
         self.checkpointer.save(position, arrays, step=state.global_step, metadata=metadata)
 
+    def _position(self, global_step: int, args: Any) -> tuple[Position, int]:
+        """The position of the Trainer's `global_step`, and the global batches of its epoch trained
+        there: counted on from the position resumed from, in its epoch (positions stay in order when
+        the world size changed, and so what a step is)."""
+        epoch, steps = divmod(global_step, self._steps_per_epoch)
+        if steps == 0 and epoch > 0:
+            return Position(epoch - 1), 0
+        per_step = max(args.gradient_accumulation_steps, 1) * args.world_size
+        resumed = self._resumed
+        if resumed is not None and resumed.epoch == epoch and global_step >= resumed.global_step:
+            done = global_step - resumed.global_step
+            return Position(epoch, resumed.batch + done), resumed.consumed + done * per_step
+        return Position(epoch, steps), steps * per_step
+
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         # The restored folder stays until here: the Trainer reads its RNG states once it has skipped batches.
-        shutil.rmtree(os.path.join(args.output_dir, STAGING), ignore_errors=True)
+        shutil.rmtree(_staging(args), ignore_errors=True)
         if self.checkpointer is not None:
             self.checkpointer.wait()
             self.checkpointer.close()
             self.checkpointer = None
+
+
+def _staging(args: Any) -> str:
+    """This rank's folder for the restored checkpoint (ranks on one machine share the output folder)."""
+    staging = os.path.join(str(args.output_dir), STAGING)
+    return staging if args.world_size == 1 else os.path.join(staging, f"rank-{args.process_index}")
+
+
+def _go_on_from(trainer: transformers.Trainer, folder: str, position: Position, saved: Mapping[str, Any]) -> _Resumed:
+    """Resume at the saved global count of the epoch's batches. On the saved world size that is the
+    Trainer's own step. On another, the restored Trainer state's step is set to where the Trainer,
+    skipping a step's batches on every rank, skips that count on this world size — and the batches of
+    a step the ranks cannot share are left to the sampler to skip (`_Resumed.skipped`, `_skip_once`)."""
+    args = trainer.args
+    state_file = os.path.join(folder, "trainer_state.json")
+    with open(state_file) as handle:
+        state = json.load(handle)
+    epoch, consumed = (position.epoch + 1, 0) if position.batch is None else (position.epoch, int(saved["consumed"]))
+    if saved["world"] == args.world_size:
+        return _Resumed(epoch, position.batch or 0, state["global_step"], consumed)
+    accumulate = max(args.gradient_accumulation_steps, 1)
+    steps_per_epoch = _update_steps(len(trainer.get_train_dataloader()), accumulate)
+    steps, uneven = divmod(consumed, accumulate * args.world_size)
+    global_step = epoch * steps_per_epoch + steps
+    print(
+        f"ckptstore: saved by {saved['world']} rank(s), resuming on {args.world_size}: epoch {epoch} goes on "
+        f"after its first {consumed} batches of {args.per_device_train_batch_size} in the global order (the "
+        f"Trainer's step {state['global_step']} is step {global_step} on this world size)",
+        file=sys.stderr,
+        flush=True,
+    )
+    state["global_step"] = global_step
+    with open(state_file, "w") as handle:
+        json.dump(state, handle)
+    return _Resumed(epoch, position.batch or 0, global_step, consumed, uneven * args.per_device_train_batch_size)
+
+
+def _skip_once(trainer: transformers.Trainer, count: int) -> None:
+    """Have the training loader's next epoch skip its first `count` samples (made by the Trainer's
+    `get_train_dataloader`, which this wraps for the one call)."""
+    original = trainer.get_train_dataloader
+
+    def skipping() -> Any:
+        trainer.get_train_dataloader = original  # type: ignore[method-assign]
+        loader = original()
+        batches: Any = getattr(loader.batch_sampler, "batch_sampler", loader.batch_sampler)  # under accelerate's shard
+        batches.sampler = _SkipFirst(batches, count)
+        return loader
+
+    trainer.get_train_dataloader = skipping  # type: ignore[method-assign]

@@ -12,6 +12,8 @@ import uuid
 
 import pytest
 
+from ckptstore import Position, Store
+from ckptstore.names import attempt_sort_key
 from tests.test_torch import assert_bit_equal, final, ranks
 
 
@@ -100,6 +102,50 @@ def test_a_second_restart_counts_from_the_resharded_position(tmp_path):
         for i in r["indices"]
     ]
     assert sorted(trained) == list(range(480)), "every sample of the interrupted epoch once, over three worlds"
+
+
+def hf_ranks(tmp_path, world: int, run: str, *args: str, killed: bool = False) -> list[str]:
+    """tests.hf_elastic_job as `world` gloo ranks (one process: no torch.distributed), each appending
+    what it trains to <run>-rank<r>.jsonl."""
+    pytest.importorskip("transformers", reason="the [hf] extra is not installed")
+    outputs = ranks(tmp_path, world, *args, killed_rank=0 if killed else None, module="tests.hf_elastic_job")
+    for rank, output in enumerate(outputs):
+        os.replace(output.rsplit("OUT ", 1)[1].strip(), tmp_path / f"{run}-rank{rank}.jsonl")
+    return outputs
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "save_steps", "kill_at", "resumed"),
+    [(2, 1, 2, 5, "0 4"), (1, 2, 2, 7, "0 6"), (1, 2, 3, 4, "0 3")],  # 96 samples, batches of 8, every sample
+    ids=["2-to-1", "1-to-2", "1-to-2-a-step-the-ranks-cannot-share"],
+)
+def test_a_hugging_face_trainer_restarted_on_another_world_size_trains_every_sample_once(
+    tmp_path, before, after, save_steps, kill_at, resumed
+):
+    """The Trainer's step counts batches per rank: the save's global count of batches is resumed
+    instead. 1 → 2 from an odd count (3 batches: a step of 2 ranks each, and one skipped in the
+    sampler) leaves 9 for 2 ranks, so accelerate pads the last with a batch from the epoch's start."""
+    storage, job = str(tmp_path / "ckpt"), f"hf-elastic-{uuid.uuid4().hex[:6]}"
+    common = ["--storage", storage, "--job", job, "--save-steps", str(save_steps)]
+    hf_ranks(tmp_path, before, "killed", *common, "--kill-at", str(kill_at), killed=True)
+    outputs = hf_ranks(tmp_path, after, "resumed", *common)
+    assert {o.split("\nSTDERR ")[0].splitlines()[-1] for o in outputs} == {f"RESUMED {resumed}"}
+    assert all(
+        "resume audit: resharded" in o and f"saved by {before} process(es), restoring into {after}" in o
+        for o in outputs
+    ), outputs[0][-3000:]
+    saved_step = int(resumed.split()[1])  # the steps of the killed run's world size
+    kept = [i for r in trained_in(tmp_path, "killed") if r["step"] < saved_step for i in r["indices"]]
+    rest = [i for r in trained_in(tmp_path, "resumed") if r["epoch"] == 0 for i in r["indices"]]
+    trained = sorted(kept + rest)
+    padding = len(trained) - 96
+    assert set(trained) == set(range(96)) and padding == (8 if save_steps == 3 else 0), "every sample, once"
+    following = [i for r in trained_in(tmp_path, "resumed") if r["epoch"] == 1 for i in r["indices"]]
+    assert sorted(following) == list(range(96)), "and the next epoch on the new world size"
+    keys = Store(storage).manifest_keys(job, "node-0")
+    newest = max((key.attempt for key in keys), key=attempt_sort_key)
+    after_resume = sorted(key.position for key in keys if key.attempt == newest)
+    assert after_resume[0] > Position(0, saved_step), "positions go on from the one resumed from"
 
 
 def test_resharded_only_when_the_world_alone_changed_and_every_data_object_reshards():

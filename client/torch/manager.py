@@ -43,7 +43,7 @@ from ckptstore.deferred import VerifiedTensors
 from ckptstore.errors import ReplicasDisagreeError, ResumeRefusedError
 from ckptstore.fingerprint import FINGERPRINT_KEY
 
-__all__ = ["CheckpointManager", "distributed_identity"]
+__all__ = ["CheckpointManager", "distributed_identity", "ranks_node"]
 
 STATE_KEY = "torch_state"
 RNG = "rng"
@@ -82,6 +82,17 @@ def _data_position(obj: Any) -> Any:
     if is_resumable_sampler_loader(obj):
         return ResumableSamplerLoader(obj)
     return obj
+
+
+def ranks_node(options: CheckpointOptions, *, replicated: bool = True) -> tuple[CheckpointOptions, NodeIdentity | None]:
+    """The options and node identity of this rank under an initialised torch.distributed: replicated
+    state is the job's one node (`node-0`, which rank 0 writes and every rank restores), per-rank
+    state a node per rank. Outside torch.distributed, the options as they are and no identity."""
+    identity = distributed_identity(replicated)
+    if identity is None:
+        return options, None
+    nodes = ["node-0"] if replicated else [f"node-{rank}" for rank in range(_world_size())]
+    return dataclasses.replace(options, nodes=options.nodes or nodes), identity
 
 
 def distributed_identity(replicated: bool) -> NodeIdentity | None:
@@ -132,11 +143,7 @@ class CheckpointManager(LoopManager):
             options = CheckpointOptions.resolve(
                 job=job, storage=storage, service=service, local_storage=local_storage, **settings
             )
-        identity = distributed_identity(replicated)
-        if identity is not None:
-            world = _world_size()
-            nodes = ["node-0"] if replicated else [f"node-{rank}" for rank in range(world)]
-            options = dataclasses.replace(options, nodes=options.nodes or nodes)
+        options, identity = ranks_node(options, replicated=replicated)
         super().__init__(
             options=options, identity=identity, save_every=save_every, save_every_seconds=save_every_seconds
         )

@@ -19,6 +19,13 @@ generators instead (as of the save) and gives them back just before the next epo
 made. A plain loader has no state: mid-epoch, its epoch is drawn again from the generators as the
 epoch began (kept with the save) and the batches trained are skipped. A save due at an epoch's last
 batch is taken at the epoch's end, right after.
+
+Under DDP rank 0 writes and every rank restores rank 0's copy. Lightning draws each rank's batches
+from a `DistributedSampler` it puts in the loader; each save keeps the epoch's global count of samples
+trained, so a restart on another number of ranks goes on from that count (client/torch/distributed.py):
+no sample twice, none skipped, Lightning's batch counter set to the new world's, positions counting on
+from the one resumed from. A run on one process takes part with `strategy="ddp"` (Lightning injects its
+sampler only under a distributed strategy).
 """
 
 from __future__ import annotations
@@ -38,10 +45,13 @@ from ckptstore.client.engine.audit import audit_restored
 from ckptstore.client.engine.node import NodeCheckpointer
 from ckptstore.client.engine.options import CheckpointOptions
 from ckptstore.client.engine.restore import restore_in_one_pass
+from ckptstore.client.torch.distributed import DistributedLoaderPosition, is_distributed_loader
 from ckptstore.client.torch.fingerprint import fingerprint
 from ckptstore.client.torch.loaders import generator_states, is_loader, set_generator_states
+from ckptstore.client.torch.manager import ranks_node
 from ckptstore.client.torch.state import flatten, rng_state, set_rng_state, unflatten
 from ckptstore.copies import Restored
+from ckptstore.errors import ResumeRefusedError
 from ckptstore.fingerprint import FINGERPRINT_KEY
 from ckptstore.wire.schema import ResumeAudit
 
@@ -52,6 +62,7 @@ TREE_KEY = "lightning_checkpoint"  # manifest metadata: the checkpoint's tree (c
 RNG = "ckptstore_rng"  # the generators, beside Lightning's own keys
 LOADER_GENERATORS = "ckptstore_loader_generators"  # each training loader's generators as of the save
 EPOCH_RNG = "ckptstore_epoch_rng"  # mid-epoch: the generators as the epoch's data iterator was made
+GLOBAL_COUNTS = "ckptstore_global_counts"  # each training loader's DistributedSampler position (its global count)
 
 
 class BackupAndRestore(pl.Callback):
@@ -76,33 +87,42 @@ class BackupAndRestore(pl.Callback):
             default_job="lightning", job=job, storage=storage, service=service, local_storage=local_storage, **options
         )
         self.checkpointer: NodeCheckpointer | None = None
+        self.resume_position: Position | None = None  # the position this fit resumed from (None: fresh)
         self._pending_rng: dict[str, Any] | None = None  # the restored position's generators, to put back
         self._resumed_mid_epoch = False
         self._epoch_rng: dict[str, Any] | None = None  # the generators as this epoch's data iterator was made
         self._save_at_epoch_end = False  # a save due at an epoch's last batch: taken at the epoch's end
+        self._counts: list[DistributedLoaderPosition | None] = []  # per training loader over a DistributedSampler
+        self._renumbered: tuple[int, int] | None = None  # (epoch, positions' batch minus Lightning's) when resumed
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
         started = time.perf_counter()
-        self.checkpointer = NodeCheckpointer(self.options)
+        options, identity = ranks_node(self.options)
+        self.checkpointer = NodeCheckpointer(options, identity=identity)
         found = restore_in_one_pass(self.checkpointer, lambda restored: self._read(trainer, pl_module, restored))
         if found is None:
-            _when_loaders_ready(trainer, self._record_epoch_rng)
+            _when_loaders_ready(trainer, self._loaders_ready)
             return
         restored, (report, checkpoint) = found
         self._pending_rng = checkpoint.pop(RNG)
-        position = restored.copy.position
+        position = self.resume_position = restored.copy.position
         self._resumed_mid_epoch = not position.is_end_of_epoch
         generators = checkpoint.pop(LOADER_GENERATORS, None)
         epoch_rng = checkpoint.pop(EPOCH_RNG, None)
+        counts = checkpoint.pop(GLOBAL_COUNTS, None) if self._resumed_mid_epoch else None
+        if counts:
+            self._renumber(trainer, checkpoint, position, counts)
         loop_state = checkpoint.get("loops", {}).get("fit_loop", {}).get("state_dict", {})
         if not self._resumed_mid_epoch and loop_state.get("combined_loader") and generators is not None:
             del loop_state["combined_loader"]  # the loaders' own states would replay the saved epoch
 
         def loaders_ready(loaders: list[Any]) -> None:
-            self._record_epoch_rng(loaders)
-            if self._resumed_mid_epoch:
+            self._loaders_ready(loaders)
+            if counts:
+                self._go_on_from_counts(loaders, counts)
+            elif self._resumed_mid_epoch:
                 _skip_trained_batches(loaders, position, epoch_rng, self._pending_rng)
             else:
                 _next_epoch_from_generators(loaders, generators)
@@ -110,6 +130,50 @@ class BackupAndRestore(pl.Callback):
         _when_loaders_ready(trainer, loaders_ready)
         _load_when_fit_resumes(trainer, checkpoint, f"ckptstore:{self.options.job}@{position}")
         self.checkpointer.resumed(restored, time.perf_counter() - started, report)
+
+    def _renumber(self, trainer: pl.Trainer, checkpoint: dict[str, Any], position: Position, counts: list[Any]) -> None:
+        """Resuming mid-epoch from saved global counts: Lightning's batch counter in the checkpoint is
+        set to the batches each rank of this world has trained of that count (Lightning ends the epoch
+        by it), and this run's positions go on from the one resumed from."""
+        state = next(count for count in counts if count is not None)
+        per_batch = (state["batch_size"] or 1) * trainer.world_size
+        batches = state["consumed"] // per_batch
+        progress = checkpoint["loops"]["fit_loop"]["epoch_loop.batch_progress"]
+        current = progress["current"]
+        shift = batches - current["ready"]
+        for counter in ("ready", "started", "processed", "completed"):
+            current[counter] += shift
+            progress["total"][counter] += shift
+        self._renumbered = (position.epoch, (position.batch or 0) - batches)
+        if state["world"] != trainer.world_size:
+            print(
+                f"ckptstore: saved by {state['world']} rank(s), resuming on {trainer.world_size}: epoch "
+                f"{position.epoch} goes on after its first {state['consumed']} samples in the global order "
+                f"(Lightning's batch {batches} of the epoch on this world size)",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    def _go_on_from_counts(self, loaders: list[Any], counts: list[Any]) -> None:
+        """Each training loader over a DistributedSampler resumes the saved epoch from its global count."""
+        if len(counts) != len(loaders) or any(
+            (state is None) != (count is None) for state, count in zip(counts, self._counts, strict=True)
+        ):
+            raise ResumeRefusedError(
+                "the copy's training loaders drew from DistributedSamplers by a global count, this run's do not "
+                "(a run on one process takes part with strategy='ddp'): their position cannot be carried over"
+            )
+        for state, count in zip(counts, self._counts, strict=True):
+            if state is not None and count is not None:
+                count.load_state_dict(state)
+
+    def _loaders_ready(self, loaders: list[Any]) -> None:
+        """Lightning has set up the training loaders (each fit, each reload): follow the global count of
+        those over a DistributedSampler, and record the generators as each epoch's iterator is made."""
+        self._counts = [
+            DistributedLoaderPosition(loader) if is_distributed_loader(loader) else None for loader in loaders
+        ]
+        self._record_epoch_rng(loaders)
 
     def _record_epoch_rng(self, loaders: list[Any]) -> None:
         """Keep the generators as they are each time a training loader's iterator is made (each epoch):
@@ -133,8 +197,12 @@ class BackupAndRestore(pl.Callback):
         if TREE_KEY not in metadata:
             raise ValueError("this checkpoint was not written by ckptstore.client.lightning.BackupAndRestore")
         check = self.options.resume_check
-        report = audit_restored(restored, self.checkpointer, check, lambda: _fingerprint(trainer, pl_module))
-        return report, unflatten(json.loads(metadata[TREE_KEY]), restored.checkpoint.arrays)
+        checkpoint = unflatten(json.loads(metadata[TREE_KEY]), restored.checkpoint.arrays)
+        reshards = bool(checkpoint.get(GLOBAL_COUNTS))  # it goes on from global counts, on any world size
+        report = audit_restored(
+            restored, self.checkpointer, check, lambda: _fingerprint(trainer, pl_module, reshards=reshards)
+        )
+        return report, checkpoint
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._pending_rng is not None and not self._resumed_mid_epoch:
@@ -158,7 +226,10 @@ class BackupAndRestore(pl.Callback):
         if _last_batch(trainer, index):  # the epoch's end follows at once: saved there, as an epoch's end
             self._save_at_epoch_end = True
             return
-        self._save(trainer, Position(trainer.current_epoch, index + 1))
+        epoch, batch = trainer.current_epoch, index + 1
+        if self._renumbered is not None and self._renumbered[0] == epoch:
+            batch += self._renumbered[1]
+        self._save(trainer, Position(epoch, batch))
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.every_n_train_steps is None or self._save_at_epoch_end:
@@ -167,9 +238,16 @@ class BackupAndRestore(pl.Callback):
 
     def _save(self, trainer: pl.Trainer, position: Position) -> None:
         assert self.checkpointer is not None, "setup runs first"
+        if not self.checkpointer.writes:  # under DDP rank 0 writes the job's one copy
+            return
         checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
         checkpoint[RNG] = rng_state()
         checkpoint[LOADER_GENERATORS] = [generator_states(loader) for loader in _training_loaders(trainer)]
+        if any(count is not None for count in self._counts):
+            for count in self._counts:
+                if count is not None:
+                    count.position = position
+            checkpoint[GLOBAL_COUNTS] = [None if count is None else count.state_dict() for count in self._counts]
         if not position.is_end_of_epoch and self._epoch_rng is not None:
             checkpoint[EPOCH_RNG] = self._epoch_rng
         arrays: dict[str, Any] = {}
@@ -186,9 +264,10 @@ class BackupAndRestore(pl.Callback):
             self.checkpointer = None
 
 
-def _fingerprint(trainer: pl.Trainer, module: pl.LightningModule) -> dict[str, Any]:
+def _fingerprint(trainer: pl.Trainer, module: pl.LightningModule, *, reshards: bool = False) -> dict[str, Any]:
     """The run as the resume audit compares it: the module's arrays, the world, the seed, and the data
-    loader's kind, batch size and dataset length (once Lightning has set it up)."""
+    loader's kind, batch size and dataset length (once Lightning has set it up; `reshards`: its data
+    goes on from the saved global counts on any world size)."""
     world = (trainer.world_size, trainer.global_rank)
     record = fingerprint(
         {"model": module}, {"model": module.state_dict()}, world=world, seed=torch.initial_seed(), rank_seeds=None
@@ -198,6 +277,8 @@ def _fingerprint(trainer: pl.Trainer, module: pl.LightningModule) -> dict[str, A
     if loader is not None and hasattr(loader, "batch_size") and hasattr(loader, "dataset"):
         length = len(loader.dataset) if hasattr(loader.dataset, "__len__") else None
         record["data"]["loader"] = {"type": type(loader).__name__, "batch_size": loader.batch_size, "length": length}
+    if reshards:
+        record["data"].setdefault("loader", {})["reshards"] = True
     return record
 
 

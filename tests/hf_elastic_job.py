@@ -1,12 +1,12 @@
 """A Hugging Face `Trainer` under DDP that records which samples each rank trains (run as gloo ranks by
 tests.test_torch.ranks, to be SIGKILLed): a tiny regression model, the Trainer's own shuffled sampler
-(accelerate deals its batches out to the ranks), a checkpoint every --save-steps steps (2) through
+(accelerate deals its batches out to the ranks), a checkpoint every --every steps (2: `save_steps`) through
 BackupAndRestore, every copy kept.
 
-    python -m tests.hf_elastic_job --storage ROOT --job J --out TRAINED.jsonl [--kill-at STEP] [--save-steps N]
+    python -m tests.hf_elastic_job --storage ROOT --job J --out TRAINED.jsonl [--kill-at STEP] [--every N]
 
-Appends one line per batch trained to --out: {"epoch", "step", "indices"} (`step`: the Trainer's
-global step before it). --kill-at SIGKILLs every rank once that optimizer step is done, before its
+Appends one line per batch trained to --out: {"epoch", "batch", "indices"} (`batch`: the Trainer's
+global step before it — in epoch 0, the batch's index on its rank). --kill-at SIGKILLs every rank once that optimizer step is done, before its
 own save (the save in flight committed). Prints FRESH or RESUMED EPOCH BATCH last.
 """
 
@@ -47,7 +47,7 @@ def main() -> None:
     parser.add_argument("--job", required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--kill-at", type=int, default=None)
-    parser.add_argument("--save-steps", type=int, default=2)
+    parser.add_argument("--every", type=int, default=2, help="save_steps")
     args = parser.parse_args()
     os.environ.setdefault("LOCAL_RANK", os.environ.get("RANK", "0"))
     training = TrainingArguments(
@@ -55,7 +55,7 @@ def main() -> None:
         per_device_train_batch_size=BATCH,
         num_train_epochs=EPOCHS,
         save_strategy="steps",
-        save_steps=args.save_steps,
+        save_steps=args.every,
         learning_rate=1e-3,
         report_to=[],
         use_cpu=True,
@@ -69,7 +69,7 @@ def main() -> None:
     class Recording(Trainer):
         def compute_loss(self, model, inputs, *rest, **more):  # type: ignore[no-untyped-def]
             indices = inputs.pop("index").tolist()
-            record = {"epoch": int(self.state.epoch or 0), "step": self.state.global_step, "indices": indices}
+            record = {"epoch": int(self.state.epoch or 0), "batch": self.state.global_step, "indices": indices}
             trained.write(json.dumps(record) + "\n")
             trained.flush()
             return super().compute_loss(model, inputs, *rest, **more)

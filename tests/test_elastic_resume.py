@@ -45,9 +45,12 @@ def trained_in(tmp_path, run: str) -> list[dict]:
     return [json.loads(line) for path in sorted(tmp_path.glob(f"{run}-rank*.jsonl")) for line in path.open()]
 
 
-def elastic_ranks(tmp_path, world: int, run: str, *args: str, killed: bool = False) -> list[str]:
-    """tests.elastic_job as `world` gloo ranks, each appending what it trains to <run>-rank<r>.jsonl."""
-    outputs = ranks(tmp_path, world, *args, killed_rank=0 if killed else None, module="tests.elastic_job")
+def elastic_ranks(
+    tmp_path, world: int, run: str, *args: str, killed: bool = False, module: str = "tests.elastic_job"
+) -> list[str]:
+    """A job that records what it trains (tests.elastic_job, hf_elastic_job, lightning_elastic_job) as
+    `world` gloo ranks, each appending what it trains to <run>-rank<r>.jsonl."""
+    outputs = ranks(tmp_path, world, *args, killed_rank=0 if killed else None, module=module)
     for rank, output in enumerate(outputs):
         written = output.rsplit("OUT ", 1)[1].strip()
         os.replace(written, tmp_path / f"{run}-rank{rank}.jsonl")
@@ -104,48 +107,52 @@ def test_a_second_restart_counts_from_the_resharded_position(tmp_path):
     assert sorted(trained) == list(range(480)), "every sample of the interrupted epoch once, over three worlds"
 
 
-def hf_ranks(tmp_path, world: int, run: str, *args: str, killed: bool = False) -> list[str]:
-    """tests.hf_elastic_job as `world` gloo ranks (one process: no torch.distributed), each appending
-    what it trains to <run>-rank<r>.jsonl."""
-    pytest.importorskip("transformers", reason="the [hf] extra is not installed")
-    outputs = ranks(tmp_path, world, *args, killed_rank=0 if killed else None, module="tests.hf_elastic_job")
-    for rank, output in enumerate(outputs):
-        os.replace(output.rsplit("OUT ", 1)[1].strip(), tmp_path / f"{run}-rank{rank}.jsonl")
-    return outputs
-
-
 @pytest.mark.parametrize(
-    ("before", "after", "save_steps", "kill_at", "resumed"),
-    [(2, 1, 2, 5, "0 4"), (1, 2, 2, 7, "0 6"), (1, 2, 3, 4, "0 3")],  # 96 samples, batches of 8, every sample
-    ids=["2-to-1", "1-to-2", "1-to-2-a-step-the-ranks-cannot-share"],
+    ("framework", "before", "after", "every", "kill_at", "resumed", "padding"),
+    [
+        ("hf", 2, 1, 2, 5, 4, 0),  # 96 samples, batches of 8: the newest save 0.4, 64 samples
+        ("hf", 1, 2, 2, 7, 6, 0),
+        ("hf", 1, 2, 3, 4, 3, 8),  # 3 batches: a step of 2 ranks, and one skipped in the sampler
+        ("lightning", 2, 1, 2, 5, 4, 0),
+        ("lightning", 1, 2, 2, 7, 6, 0),
+        ("lightning", 1, 2, 3, 4, 3, 0),  # 24 samples: 1 batch of 2 ranks, and 8 samples shared out
+    ],
+    ids=[
+        "hf-2-to-1",
+        "hf-1-to-2",
+        "hf-1-to-2-uneven",
+        "lightning-2-to-1",
+        "lightning-1-to-2",
+        "lightning-1-to-2-uneven",
+    ],
 )
-def test_a_hugging_face_trainer_restarted_on_another_world_size_trains_every_sample_once(
-    tmp_path, before, after, save_steps, kill_at, resumed
+def test_a_trainer_restarted_on_another_world_size_trains_every_sample_once(
+    tmp_path, framework, before, after, every, kill_at, resumed, padding
 ):
-    """The Trainer's step counts batches per rank: the save's global count of batches is resumed
-    instead. 1 → 2 from an odd count (3 batches: a step of 2 ranks each, and one skipped in the
-    sampler) leaves 9 for 2 ranks, so accelerate pads the last with a batch from the epoch's start."""
-    storage, job = str(tmp_path / "ckpt"), f"hf-elastic-{uuid.uuid4().hex[:6]}"
-    common = ["--storage", storage, "--job", job, "--save-steps", str(save_steps)]
-    hf_ranks(tmp_path, before, "killed", *common, "--kill-at", str(kill_at), killed=True)
-    outputs = hf_ranks(tmp_path, after, "resumed", *common)
-    assert {o.split("\nSTDERR ")[0].splitlines()[-1] for o in outputs} == {f"RESUMED {resumed}"}
+    """Hugging Face's `Trainer` and Lightning count batches per rank: the save's global count is
+    resumed instead, and their counters set to it on the new world size. HF's 1 → 2 from an odd count
+    of batches leaves 9 for 2 ranks, so accelerate pads the last rank's with a batch from the epoch's
+    start (as its own runs do when the batches do not share evenly); Lightning's sampler shares samples."""
+    pytest.importorskip("transformers" if framework == "hf" else "lightning", reason="the extra is not installed")
+    module = f"tests.{framework}_elastic_job"
+    storage, job = str(tmp_path / "ckpt"), f"{framework}-elastic-{uuid.uuid4().hex[:6]}"
+    common = ["--storage", storage, "--job", job, "--every", str(every)]
+    elastic_ranks(tmp_path, before, "killed", *common, "--kill-at", str(kill_at), killed=True, module=module)
+    outputs = elastic_ranks(tmp_path, after, "resumed", *common, module=module)
+    assert {o.split("\nSTDERR ")[0].splitlines()[-1] for o in outputs} == {f"RESUMED 0 {resumed}"}
     assert all(
         "resume audit: resharded" in o and f"saved by {before} process(es), restoring into {after}" in o
         for o in outputs
     ), outputs[0][-3000:]
-    saved_step = int(resumed.split()[1])  # the steps of the killed run's world size
-    kept = [i for r in trained_in(tmp_path, "killed") if r["step"] < saved_step for i in r["indices"]]
+    kept = [i for r in trained_in(tmp_path, "killed") if r["epoch"] == 0 and r["batch"] < resumed for i in r["indices"]]
     rest = [i for r in trained_in(tmp_path, "resumed") if r["epoch"] == 0 for i in r["indices"]]
-    trained = sorted(kept + rest)
-    padding = len(trained) - 96
-    assert set(trained) == set(range(96)) and padding == (8 if save_steps == 3 else 0), "every sample, once"
+    assert set(kept + rest) == set(range(96)) and len(kept + rest) == 96 + padding, "every sample of the epoch once"
     following = [i for r in trained_in(tmp_path, "resumed") if r["epoch"] == 1 for i in r["indices"]]
     assert sorted(following) == list(range(96)), "and the next epoch on the new world size"
     keys = Store(storage).manifest_keys(job, "node-0")
     newest = max((key.attempt for key in keys), key=attempt_sort_key)
     after_resume = sorted(key.position for key in keys if key.attempt == newest)
-    assert after_resume[0] > Position(0, saved_step), "positions go on from the one resumed from"
+    assert after_resume[0] > Position(0, resumed), "positions go on from the one resumed from"
 
 
 def test_resharded_only_when_the_world_alone_changed_and_every_data_object_reshards():

@@ -91,8 +91,9 @@ def replica_groups(by_rank: Sequence[Mapping[str, str] | None]) -> dict[str, Any
     groups): every rank's hash of each replicated shard it holds (`by_rank[r]`, by the shard's key),
     compared within each group of ranks holding the same key. Only disagreeing groups are kept, with
     every member's hash; a rank that could not hash makes the save unchecked."""
-    if any(ranked is None for ranked in by_rank):
-        return unchecked_metadata(len(by_rank))
+    missing = [rank for rank, ranked in enumerate(by_rank) if ranked is None]
+    if missing:
+        return unchecked_metadata(len(by_rank), f"rank(s) {', '.join(map(str, missing))} could not hash their state")
     held: dict[str, dict[int, str]] = {}
     for rank, ranked in enumerate(by_rank):
         for key, value in (ranked or {}).items():
@@ -129,9 +130,10 @@ def agreement_metadata(others: Sequence[Mapping[str, str]], names: Mapping[str, 
     }
 
 
-def unchecked_metadata(ranks: int) -> dict[str, Any]:
-    """What a copy says when its replicas were not compared (a preemption's save)."""
-    return {AGREEMENT_KEY: {"ranks": ranks, "checked": False}}
+def unchecked_metadata(ranks: int, why: str) -> dict[str, Any]:
+    """What a copy says when its replicas were not compared, and why (a preemption's save, a rank that
+    could not hash, a gather that failed)."""
+    return {AGREEMENT_KEY: {"ranks": ranks, "checked": False, "why": why}}
 
 
 def groups_disagreement(metadata: Mapping[str, Any]) -> str | None:

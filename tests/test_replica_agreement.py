@@ -87,7 +87,8 @@ def test_agreeing_replicas_resume_from_the_newest_save_and_nothing_is_said(tmp_p
     (copy,) = Store(storage).copies(job, "node-0", Position(0))
     manifest = Store(storage).manifest(copy)
     agreement = manifest.metadata["replica_agreement"]
-    assert agreement["checked"] is True and agreement["differing"] == {} and disagreement_of(manifest) is None
+    assert agreement["checked"] is True, agreement  # an unchecked copy says why
+    assert agreement["differing"] == {} and disagreement_of(manifest) is None
     assert len(agreement["replicas"]) == len(agreement["names"]) > 0, "every tensor compared, named"
 
 
@@ -108,7 +109,8 @@ def test_a_preemption_save_compares_nothing_and_its_copy_says_so(tmp_path, monke
     manager, *_ = run(str(tmp_path / "ckpt"), "preempted")
     monkeypatch.setattr(manager, "_world", lambda: (2, 0))
     manager._gather(collective=False)
-    assert manager._compare_replicas(captured=True) == {"replica_agreement": {"ranks": 2, "checked": False}}
+    agreement = manager._compare_replicas(captured=True)["replica_agreement"]
+    assert agreement["checked"] is False and agreement["why"].startswith("a preemption's save"), agreement
     manager.close()
 
 
@@ -125,7 +127,11 @@ def test_sharded_replica_groups_name_their_minority_or_both_members_of_a_pair():
     assert groups_disagreement(replica_groups(three)) == "replicas disagree: rank 2, tensor model.w"
     pair = [{"model.w[5, 0]": "2"}, {"model.w[5, 0]": "7"}]  # two replicas: neither can be told right
     assert groups_disagreement(replica_groups(pair)) == "replicas disagree: ranks 0, 1, tensor model.w[5, 0]"
-    assert replica_groups([agreeing, None])["replica_agreement"] == {"ranks": 2, "checked": False}
+    assert replica_groups([agreeing, None])["replica_agreement"] == {
+        "ranks": 2,
+        "checked": False,
+        "why": "rank(s) 1 could not hash their state",
+    }
 
 
 def test_an_hsdp_replica_that_differs_is_named_its_save_is_not_good_and_loads_go_to_the_save_before(

@@ -52,6 +52,7 @@ LOADER_GENERATORS = "loader_generators"  # each data loader's generators as of t
 RESERVED = (RNG, RANK_RNGS, LOADER_GENERATORS)
 
 log = logging.getLogger("ckptstore.client")
+PREEMPTION_UNCHECKED = "a preemption's save: the other ranks may not be saving, so none were asked"
 
 
 def _in_place(obj: Any, name: str, saved_tree: Any, arrays: Mapping[str, np.ndarray]) -> Any:
@@ -191,7 +192,7 @@ class CheckpointManager(LoopManager):
         hashes for its copy's metadata — off the training path (client/torch/replicas.py)."""
         size, rank = self._world()
         if not self._comparing:
-            return {} if size == 1 or not self.replicated else unchecked_metadata(size)
+            return {} if size == 1 or not self.replicated else unchecked_metadata(size, PREEMPTION_UNCHECKED)
         if self._replicas is None:
             self._replicas = ReplicaComparison(self.objects, size, rank)
         return self._replicas.compare(captured=captured)

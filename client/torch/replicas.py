@@ -140,14 +140,14 @@ class ReplicaComparison:
     def _send(self, now: dict[str, str], later: dict[str, np.ndarray], names: dict[str, str]) -> None:
         import torch.distributed as dist
 
-        sent: tuple[dict[str, str], dict[str, str]] | None
+        sent: tuple[dict[str, str], dict[str, str]] | str  # the hashes and names, or why there are none
         try:
             # After the writer's capture: reading the state at once would slow its copy (one memory bus).
-            self._collect(lambda: dist.broadcast_object_list([None], src=0, group=self.group))
-            sent = (now | hashes(later), names)
+            failed = self._collect(lambda: dist.broadcast_object_list([None], src=0, group=self.group))
+            sent = (now | hashes(later), names) if failed is None else failed
         except Exception as exc:  # the writer waits for this rank's part: it gets "not compared"
             log.warning("ckptstore: rank %d could not hash its replica (%s): this save is not compared", self.rank, exc)
-            sent = None
+            sent = f"rank {self.rank} could not hash its state ({type(exc).__name__}: {exc})"
         finally:
             self.guard.release()
         self._collect(lambda: dist.gather_object(sent, None, dst=0, group=self.group))
@@ -156,19 +156,20 @@ class ReplicaComparison:
         import torch.distributed as dist
 
         gathered: list[Any] = [None] * self.size
-        self._collect(lambda: dist.broadcast_object_list([None], src=0, group=self.group))  # captured: hash now
-        received = self._collect(lambda: dist.gather_object(None, gathered, dst=0, group=self.group))
+        failed = self._collect(lambda: dist.broadcast_object_list([None], src=0, group=self.group))  # captured
+        failed = self._collect(lambda: dist.gather_object(None, gathered, dst=0, group=self.group)) or failed
         others = gathered[1:]
-        if not received or any(ranked is None for ranked in others):
-            agreement.set_result(unchecked_metadata(self.size)[AGREEMENT_KEY])
+        why = failed or next((ranked for ranked in others if isinstance(ranked, str)), None)
+        if why is not None:
+            agreement.set_result(unchecked_metadata(self.size, why)[AGREEMENT_KEY])
         else:
             agreement.set_result(agreement_metadata([ranked[0] for ranked in others], others[0][1])[AGREEMENT_KEY])
 
-    def _collect(self, gather: Callable[[], object]) -> bool:
-        """Run one gather on the group; False (said) when it failed — a rank gone, say."""
+    def _collect(self, gather: Callable[[], object]) -> str | None:
+        """Run one collective on the group; when it fails (a rank gone, say), why — said."""
         try:
             gather()
-            return True
+            return None
         except Exception as exc:
             log.warning("ckptstore: the replicas' hashes were not gathered (%s): this save is not compared", exc)
-            return False
+            return f"rank {self.rank}: the replicas' hashes were not gathered ({type(exc).__name__}: {exc})"

@@ -134,6 +134,16 @@ LONG_VARIANTS = {
     "tests/test_fallback.py::test_three_nodes_with_one_corrupt_part_all_resume_from_the_same_older_position",
     "tests/test_manifest.py::test_mutated_real_manifests_are_refused_or_identical",
     "tests/test_training_polish.py::test_health_says_ok_after_storage_recovers_and_for_nodes_that_never_failed",
+    "tests/test_replica_agreement.py::test_an_hsdp_replica_that_differs_is_named_its_save_is_not_good_and_loads_go_to_the_save_before",
+    "tests/test_exact_resume.py::test_each_pipeline_as_users_write_it_resumes_bit_exactly_and_audits_exact[docs-epoch-end]",
+    "tests/test_exact_resume.py::test_each_pipeline_as_users_write_it_resumes_bit_exactly_and_audits_exact[shuffle-gen-epoch-end]",
+    "tests/test_lightning.py::test_a_fit_killed_resumes_bit_exactly[epoch-end-stateful-loader]",
+    "tests/test_lightning.py::test_saves_due_at_an_epochs_last_batch_are_epoch_ends_and_every_kill_point_resumes_exactly[killed-at-an-epochs-last-batch-stateful]",
+    "tests/test_elastic_resume.py::test_a_restart_on_another_world_size_trains_every_sample_of_the_epoch_once[4-to-2]",
+    "tests/test_elastic_resume.py::test_a_trainer_restarted_on_another_world_size_trains_every_sample_once[hf-1-to-2]",
+    "tests/test_elastic_resume.py::test_a_trainer_restarted_on_another_world_size_trains_every_sample_once[lightning-1-to-2]",
+    "tests/test_training.py::test_killed_and_resumed_training_is_bit_equal_to_uninterrupted[keras-every-4-batches]",
+    "tests/test_docs_code.py::test_a_documented_loop_killed_mid_epoch_resumes_bit_exactly[jax-loop]",
 }
 
 

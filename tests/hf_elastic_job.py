@@ -12,7 +12,6 @@ own save (the save in flight committed). Prints FRESH or RESUMED EPOCH BATCH las
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
@@ -20,6 +19,8 @@ import signal
 import torch
 from torch import nn
 from transformers import Trainer, TrainerCallback, TrainingArguments
+
+from tests.job_runs import job_parser
 
 SAMPLES, BATCH, EPOCHS = 96, 8, 2
 
@@ -42,11 +43,7 @@ class Regression(nn.Module):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--storage", required=True)
-    parser.add_argument("--job", required=True)
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--kill-at", type=int, default=None)
+    parser = job_parser()
     parser.add_argument("--every", type=int, default=2, help="save_steps")
     args = parser.parse_args()
     os.environ.setdefault("LOCAL_RANK", os.environ.get("RANK", "0"))

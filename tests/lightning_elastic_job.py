@@ -11,16 +11,15 @@ rank once that optimizer step is done and its save committed. Prints FRESH or RE
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import signal
 
 import lightning.pytorch as pl
 import torch
 from torch import nn
 
-from ckptstore.client.lightning import BackupAndRestore
+from tests.job_runs import job_parser
+from tests.lightning_job import Backup  # the callback, and a SIGKILL once step kill_at is done
 
 SAMPLES, BATCH, EPOCHS = 96, 8, 2
 
@@ -42,22 +41,8 @@ class Regression(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=1e-3)
 
 
-class Backup(BackupAndRestore):
-    kill_at: int | None = None
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, index):  # type: ignore[no-untyped-def]
-        super().on_train_batch_end(trainer, pl_module, outputs, batch, index)
-        if trainer.global_step == self.kill_at and self.checkpointer is not None:
-            self.checkpointer.wait()
-            os.kill(os.getpid(), signal.SIGKILL)
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--storage", required=True)
-    parser.add_argument("--job", required=True)
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--kill-at", type=int, default=None)
+    parser = job_parser()
     parser.add_argument("--every", type=int, default=2)
     args = parser.parse_args()
     os.environ.setdefault("LOCAL_RANK", os.environ.get("RANK", "0"))

@@ -1,19 +1,22 @@
-"""What resharding adds to a restore (issue 46): the rest of an epoch's global order recomputed for
-a new world size, against a 1 GiB restore, in one run.
+"""What resharding adds to a restore (issue 46): a resumed epoch's first iterator from a copy saved on
+another world size, against the same from a copy saved on this one, beside a 1 GiB restore.
 
     python bench/reshard.py [--gib 1] [--samples 1000000 10000000] [--reps 3]
 
 Saves --gib GiB of model state with `ckptstore.client.torch.CheckpointManager` to a local folder
-and times `restore_or_initialize()` into a fresh model (best of --reps); then times what a resharded
-resume computes when its first iterator starts (`rest_of_epoch`: the epoch's permutation of
---samples indices, padded, cut at the saved count and shared over the new ranks; best of --reps),
-beside the DistributedSampler's own start of an epoch (the same permutation), which it replaces.
+and times `restore_or_initialize()` into a fresh model (best of --reps); then times a resumed
+epoch's first iterator on 3 ranks (the saved global count loaded into the loader's position, the
+epoch's permutation of --samples indices cut at it and shared over the ranks, the first batch drawn)
+from a copy saved by 4 ranks and from one saved by 3 at the same count — what resharding adds is the
+difference (medians of --reps, alternating which goes first) — beside the DistributedSampler's own start of an epoch
+(the same permutation), which a resumed epoch replaces.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -24,7 +27,7 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 from ckptstore.client.torch import CheckpointManager  # noqa: E402
-from ckptstore.client.torch.distributed import rest_of_epoch  # noqa: E402
+from ckptstore.client.torch.distributed import DistributedLoaderPosition  # noqa: E402
 
 
 def model(gib: float) -> nn.Module:
@@ -65,14 +68,34 @@ def main() -> None:
     print(f"restore of {args.gib} GiB (local disk, best of {args.reps}): {restored:.3f} s")
     for samples in args.samples:
         dataset = torch.utils.data.TensorDataset(torch.zeros(samples, 0))
-        sampler = torch.utils.data.distributed.DistributedSampler(dataset, num_replicas=3, rank=1, seed=5)
-        seconds = best(lambda sampler=sampler, samples=samples: rest_of_epoch(sampler, 2, samples // 3), args.reps)
-        sampler.set_epoch(2)
-        own = best(lambda sampler=sampler: list(iter(sampler)), args.reps)
+        new_world = torch.utils.data.distributed.DistributedSampler(dataset, num_replicas=3, rank=1, seed=5)
+        state = {"seed": 5, "shuffle": True, "length": samples, "batch_size": 8, "epoch": 2}
+        saved_by_4 = state | {"consumed": samples // 3 // 32 * 32, "world": 4, "batch": samples // 3 // 32}
+        saved_by_3 = saved_by_4 | {"world": 3, "batch": saved_by_4["consumed"] // 24}  # the same count, on 3
+        resharded, same = [], []
+        for rep in range(args.reps):  # alternating, each first in turn: from a copy 4 ranks saved, and 3
+            pair = [(resharded, saved_by_4), (same, saved_by_3)]
+            for times, saved in pair if rep % 2 == 0 else pair[::-1]:
+                times.append(best(lambda s=saved, d=dataset: first_iterator(d, s), 1))
+        seconds, unchanged = statistics.median(resharded), statistics.median(same)
+        new_world.set_epoch(2)
+        own = best(lambda sampler=new_world: list(iter(sampler)), args.reps)
         print(
-            f"resharding {samples:,} samples to 3 ranks: {seconds * 1000:.1f} ms ({seconds / restored:.1%} of the "
-            f"restore); the sampler's own start of that epoch, which the resumed epoch does not run: {own * 1000:.1f} ms"
+            f"{samples:,} samples on 3 ranks: the resumed epoch's first iterator from a copy saved by 4 ranks "
+            f"{seconds * 1000:.1f} ms, from one saved by 3 {unchanged * 1000:.1f} ms (medians of {args.reps}, "
+            f"alternating): resharding adds {(seconds - unchanged) * 1000:+.1f} ms "
+            f"({(seconds - unchanged) / restored:+.1%} of the restore); the sampler's own start of an epoch, which "
+            f"the resumed epoch replaces: {own * 1000:.1f} ms"
         )
+
+
+def first_iterator(dataset: torch.utils.data.Dataset, state: dict) -> None:
+    """Load a saved global count into rank 1 of 3 and draw the resumed epoch's first batch."""
+    sampler = torch.utils.data.distributed.DistributedSampler(dataset, num_replicas=3, rank=1, seed=5)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=8, sampler=sampler)
+    DistributedLoaderPosition(loader).load_state_dict(state)
+    sampler.set_epoch(2)
+    next(iter(loader))
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import uuid
 import pytest
 
 from ckptstore import Position, Store
+from ckptstore.client.torch.distributed import rest_of_epoch
 from ckptstore.names import attempt_sort_key
 from tests.test_torch import assert_bit_equal, final, ranks
 
@@ -182,3 +183,29 @@ def test_per_rank_state_saved_by_4_ranks_is_refused_on_2_naming_it(tmp_path):
     ranks(tmp_path, 4, *common, "--kill-epoch", "1", "--kill-batch", "4", killed_rank=0)
     refused = ranks(tmp_path, 2, *common, killed_rank=0)  # rank 0's refusal ends the job: the others are stopped
     assert "ResumeRefusedError" in refused[0] and "saved by 4 rank(s); this run has 2 (rank 0)" in refused[0]
+
+
+def test_a_lightning_copy_with_global_counts_is_refused_where_the_loader_has_no_distributed_sampler(tmp_path):
+    """The counts cannot be carried over to a loader Lightning left without a DistributedSampler (a
+    single-device strategy): refused, naming why, never resumed from the epoch's start; and the
+    refusal is only that — a loader with one takes the count."""
+    pytest.importorskip("lightning", reason="the [lightning] extra is not installed")
+    import torch
+
+    from ckptstore.client.lightning import BackupAndRestore
+    from ckptstore.client.torch.distributed import DistributedLoaderPosition
+    from ckptstore.errors import ResumeRefusedError
+
+    dataset = torch.utils.data.TensorDataset(torch.arange(96))
+    sampler = torch.utils.data.distributed.DistributedSampler(dataset, num_replicas=2, rank=0, seed=0)
+    distributed = torch.utils.data.DataLoader(dataset, batch_size=8, sampler=sampler)
+    state = DistributedLoaderPosition(distributed).state_dict() | {"consumed": 32, "batch": 2}
+    callback = BackupAndRestore(storage=str(tmp_path / "ckpt"), job="refused")
+    callback._loaders_ready([torch.utils.data.DataLoader(dataset, batch_size=8, shuffle=True)])
+    with pytest.raises(ResumeRefusedError, match="DistributedSampler"):
+        callback._go_on_from_counts([object()], [state])
+    callback._loaders_ready([distributed])
+    callback._go_on_from_counts([distributed], [state])
+    sampler.set_epoch(state["epoch"])
+    (first,) = next(iter(distributed))
+    assert first.tolist() == rest_of_epoch(sampler, state["epoch"], 32)[:8], "the rest of the epoch from its count"

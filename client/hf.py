@@ -288,7 +288,8 @@ class BackupAndRestore(TrainerCallback):
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.checkpointer is None:  # train() was not wrapped: never start from scratch over copies
-            self.checkpointer = NodeCheckpointer(self.options)
+            options, identity = ranks_node(self.options)
+            self.checkpointer = NodeCheckpointer(options, identity=identity)
             if self.checkpointer.start() is not None:
                 raise ResumeRefusedError(
                     f"job {self.options.job!r} has checkpoints to resume from, but BackupAndRestore could not "
@@ -297,8 +298,7 @@ class BackupAndRestore(TrainerCallback):
                 )
         loader = kwargs.get("train_dataloader")
         if loader is not None:
-            # The Trainer's optimizer steps an epoch: the last one takes the batches left (fewer than accumulated).
-            self._steps_per_epoch = max(-(-len(loader) // max(args.gradient_accumulation_steps, 1)), 1)
+            self._steps_per_epoch = _update_steps(len(loader), max(args.gradient_accumulation_steps, 1))
             self._length = _length(getattr(loader, "dataset", None))
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:

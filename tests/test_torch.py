@@ -115,15 +115,19 @@ def ranks(
             )
         )
     outputs = []
-    if killed_rank is not None:
-        processes[killed_rank][0].wait(timeout=300)
+    try:
+        if killed_rank is not None:
+            processes[killed_rank][0].wait(timeout=300)
+            for process, _ in processes:
+                process.kill()
+        for process, out in processes:
+            stdout, stderr = process.communicate(timeout=300)
+            if killed_rank is None:
+                assert process.returncode == 0, stderr[-3000:]
+            outputs.append(stdout + f"STDERR {stderr}\nOUT {out}\n")
+    finally:  # a rank that failed leaves the others waiting in a collective: they go with it
         for process, _ in processes:
             process.kill()
-    for process, out in processes:
-        stdout, stderr = process.communicate(timeout=300)
-        if killed_rank is None:
-            assert process.returncode == 0, stderr[-3000:]
-        outputs.append(stdout + f"STDERR {stderr}\nOUT {out}\n")
     return outputs
 
 

@@ -114,6 +114,8 @@ class BackupAndRestore(pl.Callback):
         counts = checkpoint.pop(GLOBAL_COUNTS, None) if self._resumed_mid_epoch else None
         if counts:
             self._renumber(trainer, checkpoint, position, counts)
+        elif self._resumed_mid_epoch:
+            _say_when_the_world_changed(restored, trainer.world_size, position)
         loop_state = checkpoint.get("loops", {}).get("fit_loop", {}).get("state_dict", {})
         if not self._resumed_mid_epoch and loop_state.get("combined_loader") and generators is not None:
             del loop_state["combined_loader"]  # the loaders' own states would replay the saved epoch
@@ -121,7 +123,7 @@ class BackupAndRestore(pl.Callback):
         def loaders_ready(loaders: list[Any]) -> None:
             self._loaders_ready(loaders)
             if counts:
-                self._go_on_from_counts(loaders, counts)
+                self._go_on_from_counts(loaders, counts, position, epoch_rng)
             elif self._resumed_mid_epoch:
                 _skip_trained_batches(loaders, position, epoch_rng, self._pending_rng)
             else:
@@ -154,8 +156,11 @@ class BackupAndRestore(pl.Callback):
                 flush=True,
             )
 
-    def _go_on_from_counts(self, loaders: list[Any], counts: list[Any]) -> None:
-        """Each training loader over a DistributedSampler resumes the saved epoch from its global count."""
+    def _go_on_from_counts(
+        self, loaders: list[Any], counts: list[Any], position: Position, epoch_rng: dict[str, Any] | None
+    ) -> None:
+        """Each training loader over a DistributedSampler resumes the saved epoch from its global count;
+        any other skips the batches this rank trained of it (`_skip_trained_batches`)."""
         if len(counts) != len(loaders) or any(
             (state is None) != (count is None) for state, count in zip(counts, self._counts, strict=True)
         ):
@@ -166,6 +171,10 @@ class BackupAndRestore(pl.Callback):
         for state, count in zip(counts, self._counts, strict=True):
             if state is not None and count is not None:
                 count.load_state_dict(state)
+        others = [loader for loader, count in zip(loaders, self._counts, strict=True) if count is None]
+        if others and self._renumbered is not None:
+            trained = Position(position.epoch, (position.batch or 0) - self._renumbered[1])  # Lightning's count
+            _skip_trained_batches(others, trained, epoch_rng, self._pending_rng)
 
     def _loaders_ready(self, loaders: list[Any]) -> None:
         """Lightning has set up the training loaders (each fit, each reload): follow the global count of
@@ -198,7 +207,8 @@ class BackupAndRestore(pl.Callback):
             raise ValueError("this checkpoint was not written by ckptstore.client.lightning.BackupAndRestore")
         check = self.options.resume_check
         checkpoint = unflatten(json.loads(metadata[TREE_KEY]), restored.checkpoint.arrays)
-        reshards = bool(checkpoint.get(GLOBAL_COUNTS))  # it goes on from global counts, on any world size
+        counts = checkpoint.get(GLOBAL_COUNTS)  # every loader goes on from a global count: on any world size
+        reshards = bool(counts) and all(state is not None for state in counts)
         report = audit_restored(
             restored, self.checkpointer, check, lambda: _fingerprint(trainer, pl_module, reshards=reshards)
         )
@@ -280,6 +290,22 @@ def _fingerprint(trainer: pl.Trainer, module: pl.LightningModule, *, reshards: b
     if reshards:
         record["data"].setdefault("loader", {})["reshards"] = True
     return record
+
+
+def _say_when_the_world_changed(restored: Restored, world: int, position: Position) -> None:
+    """A mid-epoch copy without global counts (its loaders had no DistributedSampler: a single-device
+    strategy) resumed on another number of ranks: the audit says drift; this says why and what to do."""
+    described = restored.checkpoint.manifest.metadata.get(FINGERPRINT_KEY)
+    saved = described.get("world", {}).get("size") if isinstance(described, dict) else None
+    if isinstance(saved, int) and saved != world:
+        log.warning(
+            "ckptstore: %s was saved by %d process(es) whose loaders had no DistributedSampler (a single-device "
+            "strategy?): its data position cannot be carried over to %d ranks, so the rest of the epoch is not the "
+            "saved run's; train with strategy='ddp' (on one process too) for copies that reshard",
+            position,
+            saved,
+            world,
+        )
 
 
 def _training_loaders(trainer: pl.Trainer) -> list[Any]:

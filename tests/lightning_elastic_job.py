@@ -4,6 +4,7 @@ which Lightning puts its DistributedSampler (`strategy="ddp"`, on one process to
 --every steps (2) through BackupAndRestore, every copy kept.
 
     python -m tests.lightning_elastic_job --storage ROOT --job J --out TRAINED.jsonl [--kill-at STEP] [--every N]
+                                          [--single-device]
 
 Appends one line per batch trained to --out: {"epoch", "batch", "indices"}. --kill-at SIGKILLs every
 rank once that optimizer step is done and its save committed. Prints FRESH or RESUMED EPOCH BATCH last.
@@ -44,6 +45,7 @@ class Regression(pl.LightningModule):
 def main() -> None:
     parser = job_parser()
     parser.add_argument("--every", type=int, default=2)
+    parser.add_argument("--single-device", action="store_true", help='strategy="auto" (no DistributedSampler)')
     args = parser.parse_args()
     os.environ.setdefault("LOCAL_RANK", os.environ.get("RANK", "0"))
     pl.seed_everything(0)
@@ -59,7 +61,7 @@ def main() -> None:
     trainer = pl.Trainer(
         accelerator="cpu",
         devices=world,
-        strategy="ddp",
+        strategy="auto" if args.single_device else "ddp",
         max_epochs=EPOCHS,
         callbacks=[backup],
         logger=False,

@@ -203,9 +203,22 @@ def test_a_lightning_copy_with_global_counts_is_refused_where_the_loader_has_no_
     callback = BackupAndRestore(storage=str(tmp_path / "ckpt"), job="refused")
     callback._loaders_ready([torch.utils.data.DataLoader(dataset, batch_size=8, shuffle=True)])
     with pytest.raises(ResumeRefusedError, match="DistributedSampler"):
-        callback._go_on_from_counts([object()], [state])
+        callback._go_on_from_counts([object()], [state], Position(0, 2), None)
     callback._loaders_ready([distributed])
-    callback._go_on_from_counts([distributed], [state])
+    callback._go_on_from_counts([distributed], [state], Position(0, 2), None)
     sampler.set_epoch(state["epoch"])
     (first,) = next(iter(distributed))
     assert first.tolist() == rest_of_epoch(sampler, state["epoch"], 32)[:8], "the rest of the epoch from its count"
+
+
+def test_a_lightning_copy_from_a_single_device_run_resumed_on_more_ranks_says_why_it_is_not_resharded(tmp_path):
+    """Lightning's single-device strategy keeps the loader's RandomSampler: no global count is saved, so
+    on 2 ranks the audit says drift and a warning names the cause and the remedy (strategy='ddp')."""
+    pytest.importorskip("lightning", reason="the [lightning] extra is not installed")
+    module = "tests.lightning_elastic_job"
+    common = ["--storage", str(tmp_path / "ckpt"), "--job", f"single-{uuid.uuid4().hex[:6]}"]
+    elastic_ranks(tmp_path, 1, "killed", *common, "--single-device", "--kill-at", "5", killed=True, module=module)
+    outputs = elastic_ranks(tmp_path, 2, "resumed", *common, module=module)
+    for output in outputs:
+        assert "resume audit: DRIFT" in output and "saved by 1 process(es), restoring into 2" in output
+        assert "whose loaders had no DistributedSampler" in output and "strategy='ddp'" in output, output[-2000:]

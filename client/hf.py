@@ -284,6 +284,19 @@ class BackupAndRestore(TrainerCallback):
         unpack_folder(restored.checkpoint.arrays, metadata[LAYOUT_KEY], folder)
         if isinstance(saved, Mapping):
             self._resumed = _go_on_from(trainer, folder, restored.copy.position, saved)
+        if (
+            report is not None
+            and report.verdict == "drift"
+            and any(d.startswith("world size:") for d in report.differences)
+        ):
+            log.warning(
+                "ckptstore: on another world size the Trainer's own resume skips its saved step's batches on each "
+                "rank, which are other samples here: %s",
+                "the copy holds no global count of batches (saved before ckptstore kept one)"
+                if not isinstance(saved, Mapping)
+                else "the Trainer's sampler is not accelerate's seedable random one (train_sampling_strategy="
+                f"{getattr(args, 'train_sampling_strategy', None)!r}), so no global order goes on",
+            )
         return report, folder
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:

@@ -4,6 +4,7 @@ tests.test_torch.ranks, to be SIGKILLed): a tiny regression model, the Trainer's
 BackupAndRestore, every copy kept.
 
     python -m tests.hf_elastic_job --storage ROOT --job J --out TRAINED.jsonl [--kill-at STEP] [--every N]
+                                   [--sampling random|sequential]
 
 Appends one line per batch trained to --out: {"epoch", "batch", "indices"} (`batch`: the Trainer's
 global step before it — in epoch 0, the batch's index on its rank). --kill-at SIGKILLs every rank once that optimizer step is done, before its
@@ -45,6 +46,7 @@ class Regression(nn.Module):
 def main() -> None:
     parser = job_parser()
     parser.add_argument("--every", type=int, default=2, help="save_steps")
+    parser.add_argument("--sampling", default="random", help="train_sampling_strategy")
     args = parser.parse_args()
     os.environ.setdefault("LOCAL_RANK", os.environ.get("RANK", "0"))
     training = TrainingArguments(
@@ -60,6 +62,7 @@ def main() -> None:
         seed=42,
         disable_tqdm=True,
         remove_unused_columns=False,
+        train_sampling_strategy=args.sampling,
     )
     trained = open(args.out, "a")
 

@@ -222,3 +222,23 @@ def test_a_lightning_copy_from_a_single_device_run_resumed_on_more_ranks_says_wh
     for output in outputs:
         assert "resume audit: DRIFT" in output and "saved by 1 process(es), restoring into 2" in output
         assert "whose loaders had no DistributedSampler" in output and "strategy='ddp'" in output, output[-2000:]
+
+
+def test_a_trainer_whose_order_does_not_go_on_on_another_world_size_says_drift_and_why(tmp_path):
+    """A sampler other than accelerate's seedable random one (here `train_sampling_strategy="sequential"`)
+    draws no global order ckptstore can continue: on 1 rank after 2 the audit says drift and a warning
+    names the sampler."""
+    pytest.importorskip("transformers", reason="the [hf] extra is not installed")
+    module = "tests.hf_elastic_job"
+    common = [
+        "--storage",
+        str(tmp_path / "ckpt"),
+        "--job",
+        f"hf-seq-{uuid.uuid4().hex[:6]}",
+        "--sampling",
+        "sequential",
+    ]
+    elastic_ranks(tmp_path, 2, "killed", *common, "--kill-at", "5", killed=True, module=module)
+    (output,) = elastic_ranks(tmp_path, 1, "resumed", *common, module=module)
+    assert "resume audit: DRIFT" in output and "saved by 2 process(es), restoring into 1" in output
+    assert "train_sampling_strategy='sequential'" in output, output[-2000:]

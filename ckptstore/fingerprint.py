@@ -3,10 +3,12 @@
 Each save records, in its manifest's metadata under FINGERPRINT_KEY, what the saved run was: the
 framework and its versions, the world size and rank, the seed, every object's type and arrays
 (names, shapes, dtypes), the optimizer's type and parameter coverage, and the data position as far
-as ckptstore can see it (loader and sampler type, batch size, dataset length, seed, a hash of the
-next sample indices). A restore builds the same record from the live objects and `differences`
-names everything that differs — the verdict is `exact` when nothing does, `drift` otherwise.
-Framework clients build the records (client/); this module only compares them.
+as ckptstore can see it (loader and sampler type, batch size, dataset length, seed). A restore
+builds the same record from the live objects and `differences` names everything that differs. That
+compares what the code declares; a resume is `exact` only once its proof (client/engine/proof.py:
+what the resumed run draws and counts first, against what the saved run would have) agrees, and
+`unverified` where the data cannot be observed. Framework clients build the records (client/);
+this module only compares them.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ __all__ = ["FINGERPRINT_KEY", "Verdict", "differences", "verdict", "MAX_NAMED"]
 
 FINGERPRINT_KEY = "fingerprint"
 MAX_NAMED = 5  # differences named per object before "and N more"
-Verdict = Literal["exact", "resharded", "drift"]
+Verdict = Literal["exact", "resharded", "drift", "unverified"]
 
 _DATA_FIELDS = {
     "type": "loader",
@@ -34,7 +36,8 @@ _DATA_FIELDS = {
 
 
 def verdict(found: list[str], live: Mapping[str, Any] | None = None) -> Verdict:
-    """`exact` when nothing differs; `resharded` when only the world size (and so the ranks' RNGs)
+    """The declared verdict (the proof may still find drift, or say `unverified`): `exact` when
+    nothing differs; `resharded` when only the world size (and so the ranks' RNGs)
     differs and every data object of the live run continues its global order on any world size
     (`reshards` in its fingerprint); else `drift`."""
     if not found:
@@ -45,19 +48,19 @@ def verdict(found: list[str], live: Mapping[str, Any] | None = None) -> Verdict:
     return "resharded" if reshards and world_only and any(f.startswith("world size:") for f in found) else "drift"
 
 
-def differences(saved: Mapping[str, Any], live: Mapping[str, Any], *, positions: bool = True) -> list[str]:
+def differences(saved: Mapping[str, Any], live: Mapping[str, Any]) -> list[str]:
     """Every way the live run differs from the saved one, each named in a sentence (empty: exact). The
     saved fingerprint is read from storage: untrusted input. One that does not have the shape this
     module writes (a number as text, a list for a mapping) is drift, said so, never an exception.
-    `positions=False` compares what two positions of one run share: not the next samples each leads
-    to, which differ from one position to the next by construction (`ckptstore diff`)."""
+    Two positions of one run compare equal: what each leads to next is the proof's, not compared here
+    (`ckptstore diff`)."""
     try:
-        return _differences(saved, live, positions)
+        return _differences(saved, live)
     except (AttributeError, TypeError, KeyError, IndexError, ValueError) as exc:
         return [f"checkpoint: its fingerprint is malformed ({type(exc).__name__}: {exc}), so nothing could be compared"]
 
 
-def _differences(saved: Mapping[str, Any], live: Mapping[str, Any], positions: bool) -> list[str]:
+def _differences(saved: Mapping[str, Any], live: Mapping[str, Any]) -> list[str]:
     found: list[str] = []
     found += _framework(saved.get("framework", {}), live.get("framework", {}))
     found += _world(saved, live)
@@ -67,7 +70,7 @@ def _differences(saved: Mapping[str, Any], live: Mapping[str, Any], positions: b
     if seed is not None and live.get("seed") is not None and seed != live["seed"]:
         found.append(f"seed: the saved run was seeded with {seed}, this run with {live['seed']}")
     found += _objects(saved.get("objects", {}), live.get("objects", {}))
-    found += _data(saved.get("data", {}), live.get("data", {}), positions)
+    found += _data(saved.get("data", {}), live.get("data", {}))
     return found
 
 
@@ -122,21 +125,15 @@ def _arrays(name: str, saved: Mapping[str, str], live: Mapping[str, str]) -> lis
     return [f"{name}: {'; '.join(changes[:MAX_NAMED])}{more}"]
 
 
-def _data(saved: Mapping[str, Any], live: Mapping[str, Any], positions: bool) -> list[str]:
+def _data(saved: Mapping[str, Any], live: Mapping[str, Any]) -> list[str]:
     found = []
     for name in sorted(set(saved) & set(live)):
         was, now = saved[name], live[name]
-        changed = [
+        found += [
             f"data ({name}): {said} {was[field]} → {now[field]}"
             for field, said in _DATA_FIELDS.items()
             if field in was and field in now and was[field] != now[field]
         ]
-        found += changed
-        if positions and "next" in was and "next" in now and was["next"] != now["next"] and not changed:
-            found.append(
-                f"data ({name}): the next sample indices differ from the saved run's "
-                f"({now.get('type')}/{now.get('sampler', '-')}, restored state replayed)"
-            )
     for name, now in sorted(live.items()):
         if now.get("inexact"):
             found.append(f"data ({name}): {now['inexact']}")

@@ -28,6 +28,7 @@ import numpy as np
 
 from ckptstore import Position
 from ckptstore.client.engine.audit import declared_data
+from ckptstore.client.engine.proof import PROOF_KEY, recorded
 from ckptstore.client.engine.cadence import SaveEvery
 from ckptstore.client.engine.manager import LoopManager
 from ckptstore.client.engine.options import CheckpointOptions
@@ -83,9 +84,15 @@ class CheckpointManager(LoopManager):
     Options are `CheckpointOptions`' (storage, service, job, node, local_storage, max_to_keep,
     async_save, codec, …), each defaulting to its CKPTSTORE_* variable where it has one.
     `data`: how the loop picks its batches from (epoch, batch) — `seed`, `batch_size`, `length`,
-    `shuffle` — recorded with every save and compared at every resume (the resume audit). Without it
-    ckptstore cannot see the data position, and a mid-epoch resume's audit says so (drift).
+    `shuffle` — recorded with every save and compared at every resume (the resume audit: a change is
+    drift). ckptstore does not see the batches the loop draws, so a resume that declares no change is
+    `unverified`, not `exact` (client/engine/proof.py).
     """
+
+    _unobservable = (
+        "ckptstore does not see the batches a JAX loop draws (`data=` declares how the loop picks them: "
+        "compared, not observed)"
+    )
 
     def __init__(
         self,
@@ -139,7 +146,8 @@ class CheckpointManager(LoopManager):
         arrays = {name: _host(name, leaf) for name, leaf in leaves}
         keys = {name: str(jax.random.key_impl(leaf)) for name, leaf in leaves if _is_key(leaf)}
         described = {"names": [name for name, _ in leaves], "keys": keys}
-        return arrays, {STATE_KEY: json.dumps(described), FINGERPRINT_KEY: self._fingerprint(leaves)}
+        fingerprint = self._fingerprint(leaves) | {PROOF_KEY: recorded()}
+        return arrays, {STATE_KEY: json.dumps(described), FINGERPRINT_KEY: fingerprint}
 
     def _live_fingerprint(self, arrays: Mapping[str, np.ndarray], metadata: Mapping[str, Any]) -> dict[str, Any]:
         return self._fingerprint(_leaves(self._state))

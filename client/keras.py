@@ -161,6 +161,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         self._skip_batches = 0
         self._rng_after_skip: dict[str, Any] | None = None
         self._iterations: _DataIterations | None = None
+        self._skipping = False  # the batches trained before the restart are being skipped
 
     # -- restore -------------------------------------------------------------------------------
 
@@ -240,6 +241,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         )
         original = model.train_function
         left = [calls]
+        self._skipping = True
 
         def skip(*args: Any) -> Any:
             """Each backend's train_function, doing nothing but advance the data: TensorFlow's takes
@@ -259,11 +261,18 @@ class BackupAndRestore(keras.callbacks.Callback):
 
     def _skipped(self) -> None:
         """The batches trained before the restart are skipped: the RNGs as saved come back."""
+        self._skipping = False
         if self._rng_after_skip is not None:
             global_rng.restore(self._rng_after_skip)
             self._rng_after_skip = None
 
     # -- save ----------------------------------------------------------------------------------
+
+    def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+        proof = self.manager.proof
+        if proof is None or proof.settled or self._skipping:
+            return  # nothing to prove, or a batch trained before the restart being skipped
+        proof.step({"epoch": self._epoch, "batch": batch, "iterations": self._iterations_done()})
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         done = batch + 1
@@ -282,9 +291,15 @@ class BackupAndRestore(keras.callbacks.Callback):
 
     def _save(self, position: Position, logs: dict | None) -> None:
         metrics = {k: float(v) for k, v in (logs or {}).items() if np.ndim(v) == 0 and np.isfinite(float(v))}
-        optimizer = self.model.optimizer
-        step = int(keras.ops.convert_to_numpy(optimizer.iterations)) if optimizer is not None else None
+        step = self._iterations_done()
+        after = Position(position.epoch + 1, 0) if position.batch is None else position
+        self.manager.next_counters = {"epoch": after.epoch, "batch": after.batch, "iterations": step}
         self.manager.save(position.epoch, batch=position.batch, step=step, metrics=metrics)
+
+    def _iterations_done(self) -> int | None:
+        """The optimizer's step count (Keras' `iterations`): the training steps taken."""
+        optimizer = self.model.optimizer
+        return int(keras.ops.convert_to_numpy(optimizer.iterations)) if optimizer is not None else None
 
     def on_train_end(self, logs: dict | None = None) -> None:
         self.manager.wait()

@@ -43,7 +43,9 @@ def test_a_change_that_keeps_the_steps_per_epoch_is_named_and_refused(tmp_path, 
     assert "steps per epoch" not in str(refused.value), "43 steps an epoch either way"
 
 
-def test_the_unchanged_fit_resumes_audited_exact(tmp_path, capsys):
+def test_the_unchanged_fit_checks_its_counters_and_says_its_batches_are_unverified(tmp_path, capsys):
     fit(str(tmp_path), epochs=1)
     fit(str(tmp_path), epochs=2)
-    assert "resume audit: exact" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "resume audit: unverified, not shown to be exact (the first step's counters (epoch 1, batch 0, iterations 43) are the saved run's next" in err, err
+    assert "ckptstore does not see the batches" in err and "resume audit: exact" not in err

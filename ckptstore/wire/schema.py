@@ -215,11 +215,13 @@ class ResumeReport(RequestModel):
 
 class ResumeAudit(RequestModel):
     """A restore's audit (ckptstore.fingerprint): the saved run's fingerprint against the live one —
-    `exact`; `resharded` (another world size, the data order continued globally: the differences say
-    from what to what); or `drift` with every difference named."""
+    `exact` (declared and proven: the first batch and counters after the restore were the saved
+    run's next); `resharded` (another world size, the data order continued globally: the differences
+    say from what to what); `drift` with every difference named; or `unverified` (the data could not
+    be observed: the differences say what was not)."""
 
     position: PositionBody | None
-    verdict: Literal["exact", "resharded", "drift"]
+    verdict: Literal["exact", "resharded", "drift", "unverified"]
     differences: list[Annotated[str, Field(max_length=1000)]] = Field(default_factory=list, max_length=200)
 
     @model_validator(mode="after")

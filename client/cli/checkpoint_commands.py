@@ -105,7 +105,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
     from ckptstore.fingerprint import differences
 
     (a, saved), (b, live) = _fingerprint_at(args, args.a), _fingerprint_at(args, args.b)
-    found = differences(saved, live, positions=False)  # two positions: their next samples differ anyway
+    found = differences(saved, live)
     output(
         args,
         {"a": a, "b": b, "differences": found},

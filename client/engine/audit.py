@@ -29,7 +29,6 @@ __all__ = [
     "refuse_drift",
     "said",
     "declared_data",
-    "mid_epoch_without_data",
 ]
 
 
@@ -49,17 +48,6 @@ def declared_data(loop: str, data: Mapping[str, Any] | None) -> dict[str, Any]:
     return {} if data is None else {"loop": {"type": loop, **json.loads(json.dumps(dict(data)))}}
 
 
-def mid_epoch_without_data(position: Position, live: dict[str, Any]) -> None:
-    """A mid-epoch resume with no data loader or sampler among the objects: the rest of the epoch is
-    drawn anew, not the saved run's — recorded in `live` as an inexact data part."""
-    if position.batch is not None and not live.get("data"):
-        live.setdefault("data", {})["(none)"] = {
-            "inexact": f"resumed mid-epoch ({position}) with no data loader, sampler or iterator in objects: "
-            "ckptstore cannot see the data position, so unless the loop picks its batches from (epoch, batch) "
-            "alone the rest of the epoch is not the saved run's (put the data object in objects)"
-        }
-
-
 def audit(position: Position, metadata: Mapping[str, Any], live: Mapping[str, Any]) -> ResumeAudit:
     """The audit of resuming at `position` from a checkpoint with `metadata` into the `live` run. A
     checkpoint written before fingerprints existed has nothing to compare: that is drift, said so."""
@@ -72,11 +60,14 @@ def audit(position: Position, metadata: Mapping[str, Any], live: Mapping[str, An
     return ResumeAudit(position=PositionBody.of(position), verdict=verdict(found, live), differences=found)
 
 
-def judged(report: ResumeAudit, checkpointer: AuditedNode, resume_check: str) -> ResumeAudit:
-    """Keep the restore's audit with the attempt; under resume_check="raise" a drift refuses, once its
-    audit is on record, before anything is assigned."""
+def judged(
+    report: ResumeAudit, checkpointer: AuditedNode, resume_check: str, *, mid_epoch: bool = False
+) -> ResumeAudit:
+    """Keep the restore's audit with the attempt; under resume_check="raise" a drift — or an
+    unverified resume from a `mid_epoch` position — refuses, once its audit is on record, before
+    anything is assigned."""
     checkpointer.report_audit(report)
-    if resume_check == "raise" and report.verdict == "drift":
+    if resume_check == "raise" and (report.verdict == "drift" or (report.verdict == "unverified" and mid_epoch)):
         checkpointer.reports.drain(timeout=5)
         refuse_drift(report, checkpointer.job, checkpointer.node)
     return report
@@ -85,25 +76,32 @@ def judged(report: ResumeAudit, checkpointer: AuditedNode, resume_check: str) ->
 def audit_restored(
     restored: Restored, checkpointer: AuditedNode, resume_check: str, live: Callable[[], Mapping[str, Any]]
 ) -> ResumeAudit | None:
-    """The audit of a restored copy against the live run's fingerprint (`live`, taken only when the check
-    is on), `judged`; None under resume_check="off"."""
+    """The declared audit of a restored copy against the live run's fingerprint (`live`, taken only when
+    the check is on); a drift is `judged` at once (the proof has nothing to add); None under
+    resume_check="off"."""
     if resume_check == "off":
         return None
     report = audit(restored.copy.position, restored.checkpoint.manifest.metadata, live())
-    return judged(report, checkpointer, resume_check)
+    return judged(report, checkpointer, resume_check) if report.verdict == "drift" else report
 
 
 def refuse_drift(report: ResumeAudit, job: str, node: str) -> None:
-    """resume_check="raise": a drift stops the restore, naming every difference."""
-    if report.verdict == "drift":
+    """resume_check="raise": a drift (or an unverified mid-epoch resume) stops the restore, naming
+    every difference."""
+    if report.verdict in ("drift", "unverified"):
+        found = "drift" if report.verdict == "drift" else "a mid-epoch resume it cannot verify"
         raise ResumeDriftError(
-            f"{job}/{node}: the resume audit found drift (resume_check='raise'; nothing was assigned):{said(report)}",
+            f"{job}/{node}: the resume audit found {found} (resume_check='raise'; no batch was trained on the "
+            f"restored state):{said(report)}",
             differences=tuple(report.differences),
         )
 
 
-def said(report: ResumeAudit) -> str:
-    """The verdict as the resume line ends: `resume audit: exact`, or the differences, one per line."""
+def said(report: ResumeAudit, *, pending: bool = False) -> str:
+    """The verdict as the resume line ends: `resume audit: exact`, or the differences, one per line;
+    `pending`: the declared state matches and the proof is made at the first step."""
+    if pending:
+        return "; resume audit: the declared state matches, proof at the first step"
     if report.verdict == "exact":
         return "; resume audit: exact"
     lines = "".join(f"\n  - {difference}" for difference in report.differences)
@@ -112,4 +110,6 @@ def said(report: ResumeAudit) -> str:
             "; resume audit: resharded — each rank goes on with the saved global order of samples on this "
             f"world size (not bit-exact: the ranks and their random streams changed):{lines}"
         )
+    if report.verdict == "unverified":
+        return f"; resume audit: unverified, not shown to be exact:{lines}"
     return f"; resume audit: DRIFT, not an exact resume ({len(report.differences)} difference(s)):{lines}"

@@ -13,15 +13,17 @@ from typing import Any
 import numpy as np
 
 from ckptstore import Position, tracing
-from ckptstore.client.engine.audit import audit, judged, mid_epoch_without_data
+from ckptstore.client.engine.audit import audit, judged
 from ckptstore.client.engine.cadence import SaveCadence, SaveEvery
 from ckptstore.client.engine.identity import NodeIdentity
 from ckptstore.client.engine.node import NodeCheckpointer
 from ckptstore.client.engine.options import CheckpointOptions
 from ckptstore.client.engine.preemption import PreemptionNotice
+from ckptstore.client.engine.proof import ResumeProof, start_proof
 from ckptstore.client.engine.restore import Restorer, restore_in_one_pass
 from ckptstore.client.engine.staging import snapshot_arrays
 from ckptstore.copies import Restored
+from ckptstore.errors import CkptStoreError
 from ckptstore.wire.schema import ResumeAudit
 
 __all__ = ["LoopManager"]
@@ -53,7 +55,8 @@ class LoopManager:
         if self.cadence.every == "auto" and self.checkpointer.client is None:
             log.warning("save_every='auto' follows the service's advice and there is no service: it saves each epoch")
         self.resume_position: Position | None = None
-        self.audit: ResumeAudit | None = None  # the last restore's resume audit (None: none, or resume_check="off")
+        self._declared: ResumeAudit | None = None  # the last restore's declared audit
+        self.proof: ResumeProof | None = None  # its proof (client/engine/proof.py), settled at the first step
         self.preemption = PreemptionNotice(self.options.preemption_budget_s)
         self._staging: dict[str, np.ndarray] = {}  # host buffers an async save writes from, reused
         self._between_batches = 0  # checkpoint_if_preempted calls, the same count on every process
@@ -73,6 +76,17 @@ class LoopManager:
         """The live run's fingerprint (ckptstore.fingerprint), to audit a restore of the checkpoint with
         `arrays` and `metadata` against, before anything is assigned."""
         raise NotImplementedError
+
+    def _watch(self, proof: ResumeProof) -> None:
+        """After a restore, before training: make the data objects the proof expects report what they
+        hand out first (`proof.drawn`)."""
+
+    def _watchable(self) -> set[str]:
+        """The data objects whose first draws `_watch` can report."""
+        return set()
+
+    #: Why the loop's data cannot be observed at all (None: its data objects are watched).
+    _unobservable: str | None = None
 
     def _gather(self, *, collective: bool) -> None:
         """Called on every process as a save begins, writer or not (`collective`: the processes are all
@@ -109,7 +123,8 @@ class LoopManager:
         found = restore_in_one_pass(self.checkpointer, self._assign)
         restored = None if found is None else found[0]
         if restored is not None:
-            self.checkpointer.resumed(restored, time.perf_counter() - started, self.audit)
+            pending = self.proof is not None and not self.proof.settled
+            self.checkpointer.resumed(restored, time.perf_counter() - started, self.audit, pending=pending)
         self.resume_position = None if restored is None else restored.copy.position
         self._started()
         self.cadence.restart(self.resume_position)
@@ -122,23 +137,61 @@ class LoopManager:
     def _assign(self, restored: Restored) -> None:
         """Audit the restored copy, then assign every array (tensors read into place, each checked there)."""
         checkpoint = restored.checkpoint
-        self.audit = self._audit(restored)  # reads the small tensors it compares, checked as they land
+        self._audit(restored)  # reads the small tensors it compares, checked as they land
         where = self._where(restored.copy.position)
         with tracing.span("ckptstore.restore.assign", **where, bytes=checkpoint.manifest.total_bytes):
             self._apply(checkpoint.arrays, checkpoint.manifest.metadata)
+        if self.proof is not None and not self.proof.settled:
+            self._watch(self.proof)
 
-    def _audit(self, restored: Restored) -> ResumeAudit | None:
-        """The restore's resume audit (client/engine/audit.py), recorded with the attempt; under
-        resume_check="raise" a drift refuses here, before anything is assigned."""
-        if self.options.resume_check == "off":
-            return None
-        return judged(self._audit_of(restored), self.checkpointer, self.options.resume_check)
+    @property
+    def audit(self) -> ResumeAudit | None:
+        """The last restore's resume audit: its proof's verdict once settled (at the first step), the
+        declared one until then (None: nothing restored, or resume_check="off")."""
+        if self.proof is not None and self.proof.result is not None:
+            return self.proof.result
+        return self._declared
+
+    def _audit(self, restored: Restored) -> None:
+        """The restore's resume audit (client/engine/audit.py) and its proof (client/engine/proof.py);
+        under resume_check="raise" a drift, or a mid-epoch resume nothing can verify, refuses here,
+        before anything is assigned."""
+        self.proof = self._declared = None
+        check = self.options.resume_check
+        if check == "off":
+            return
+        declared = self._audit_of(restored)
+        mid_epoch = restored.copy.position.batch is not None
+        self._declared = declared
+        if declared.verdict == "drift":
+            judged(declared, self.checkpointer, check)
+            return
+        self.proof = start_proof(
+            declared,
+            restored.checkpoint.manifest.metadata,
+            self.checkpointer,
+            check,
+            mid_epoch=mid_epoch,
+            world=self._proof_world(),
+            watched=self._watchable(),
+            counting=True,
+            unobservable=self._unobservable,
+        )
+
+    def _proof_world(self) -> tuple[int, int]:
+        """(size, rank) of the live run, for a data object's share of a global order."""
+        return (1, 0)
 
     def _audit_of(self, restored: Restored) -> ResumeAudit:
         checkpoint, position = restored.checkpoint, restored.copy.position
         live = self._live_fingerprint(checkpoint.arrays, checkpoint.manifest.metadata)
-        mid_epoch_without_data(position, live)
         return audit(position, checkpoint.manifest.metadata, live)
+
+    def _first_step_over(self, why: str) -> None:
+        """The loop came back to ckptstore after the restore (a between-batch call, a save, close):
+        whatever the data objects did not report by now is unverified."""
+        if self.proof is not None and not self.proof.settled:
+            self.proof.settle(why)
 
     def check_restore(self) -> ResumeAudit | None:
         """The audit of the restore a start would make now — the same copy, verified, against the live
@@ -172,6 +225,7 @@ class LoopManager:
         the state is copied to host memory (async saves) or committed. Returns whether it saved: not
         when no save is due, nor in a process that does not write, nor when the save would wait behind
         one still retrying a failing storage (then it is skipped, counted and said; training goes on)."""
+        self._first_step_over("drew nothing before the loop's first save")
         position = Position(epoch, batch)
         if not self.due(epoch, batch=batch):
             return False
@@ -236,6 +290,7 @@ class LoopManager:
         """Call between batches: after a SIGTERM, save (epoch, batch) and exit as SIGTERM would; after a
         checkpoint request (`ckptstore checkpoint-now`, a drain announced ahead), save it and go on
         (`requests=False`: not here — at an epoch's last batch, whose end-of-epoch save follows)."""
+        self._first_step_over("drew nothing before the first batch ended")
         requested = requests and self.checkpointer.requested
         if self._decided_apart:  # every process asks, whatever it heard: the writer's answer is everyone's
             self._between_batches += 1
@@ -257,6 +312,11 @@ class LoopManager:
         self.checkpointer.wait()
 
     def close(self) -> None:
+        if self.proof is not None and not self.proof.settled:
+            try:
+                self.proof.settle("no batch was drawn after the restore")
+            except CkptStoreError as exc:  # raise: a run that trained nothing has nothing to refuse
+                log.warning("%s", exc)
         self.preemption.uninstall()
         self.checkpointer.close()
 

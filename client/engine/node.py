@@ -233,15 +233,18 @@ class NodeCheckpointer:
         assert self._restorer is not None, "start() restores first"
         return self._restorer.fall_back(failed, error)
 
-    def resumed(self, restored: Restored, seconds: float, audit: ResumeAudit | None = None) -> None:
+    def resumed(
+        self, restored: Restored, seconds: float, audit: ResumeAudit | None = None, *, pending: bool = False
+    ) -> None:
         """The restored state is in place: report the restore's time and say where it resumed from, and
         the resume audit's verdict — one line a user sees by default (not a log record at a level they
-        may have hidden), a drift's differences each on a line under it."""
+        may have hidden), a drift's differences each on a line under it (`pending`: the declared state
+        matches and the proof is said at the first step)."""
         self.reports.stats("restore", seconds, restored.checkpoint.manifest.total_bytes)
         copy, skipped = restored.copy, "; ".join(str(s) for s in restored.skipped)
         print(
             f"ckptstore: {self.job}/{self.node} resumed from {copy.position} ({copy.tier} copy, attempt "
-            f"{copy.attempt}){'; skipped ' + skipped if skipped else ''}{'' if audit is None else said(audit)}",
+            f"{copy.attempt}){'; skipped ' + skipped if skipped else ''}{'' if audit is None else said(audit, pending=pending)}",
             file=sys.stderr,
             flush=True,
         )

@@ -26,6 +26,7 @@ from ckptstore import Position
 from ckptstore.client.engine.audit import declared_data
 from ckptstore.client.engine.manager import LoopManager
 from ckptstore.client.engine.options import CheckpointOptions
+from ckptstore.client.engine.proof import PROOF_KEY, recorded
 from ckptstore.client.engine.staging import prepare_staging
 from ckptstore.client.tensorflow import global_rng
 from ckptstore.client.tensorflow.data import is_iterator, iterator_fingerprint, iterator_state, restore_iterator
@@ -83,6 +84,11 @@ class CheckpointManager(LoopManager):
     recorded with every save and compared at every resume, as a tf.data iterator in `objects` is.
     """
 
+    _unobservable = (
+        "ckptstore does not see the batches a TensorFlow loop or Keras' fit draws (tf.data iterators are "
+        "restored by TensorFlow, `data=` declares how a loop picks them: compared, not observed)"
+    )
+
     def __init__(
         self,
         *,
@@ -106,6 +112,7 @@ class CheckpointManager(LoopManager):
         self.data_iterations: int | None = None  # iterators of fit's dataset made before the data saved (Keras)
         self.restored_data_iterations: int | None = None  # the same, of the checkpoint restored
         self.restore_report: RestoreReport | None = None
+        self.next_counters: dict[str, int | None] = {}  # the next step's counters, for the resume proof (Keras)
         self._staging_warm_up: threading.Thread | None = None
 
     @property
@@ -168,7 +175,7 @@ class CheckpointManager(LoopManager):
         described = describe(variables)
         metadata: dict[str, Any] = {
             "variables": described,
-            FINGERPRINT_KEY: self._fingerprint(described),
+            FINGERPRINT_KEY: self._fingerprint(described) | {PROOF_KEY: recorded(counters=self.next_counters)},
             RNG: global_rng.capture(),
         }
         if self.epoch_rng is not None:

@@ -17,7 +17,7 @@ __all__ = ["fingerprint", "is_data"]
 
 def is_data(obj: Any) -> bool:
     """A data loader or sampler: its fingerprint is its data position, not its arrays."""
-    return data_fingerprint(obj, None) is not None
+    return data_fingerprint(obj) is not None
 
 
 def _spec(tensor: torch.Tensor) -> str:
@@ -46,9 +46,8 @@ def fingerprint(
     seed: int,
     rank_seeds: list[int] | None,
 ) -> dict[str, Any]:
-    """The run as saved (or restored into): `states` holds each object's state dict — the live one at
-    a save; at a restore the live one for models and optimizers and the checkpoint's for data objects
-    (whose position is what is compared)."""
+    """The run as saved (or restored into): `states` holds the state dict of each model and
+    optimizer (data objects declare their settings; where they lead next is the resume proof's)."""
     size, rank = world
     record: dict[str, Any] = {
         "framework": {"name": "torch", "versions": {"torch": torch.__version__, "numpy": np.__version__}},
@@ -58,7 +57,7 @@ def fingerprint(
         "data": {},
     }
     for name, obj in objects.items():
-        data = data_fingerprint(obj, states.get(name))
+        data = data_fingerprint(obj)
         if data is not None:
             record["data"][name] = data
             record["objects"][name] = {"type": type(obj).__name__}

@@ -14,13 +14,14 @@ when its resumed epoch starts (`ResumableSampler.restore_rng_when_iterated`).
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
+from torch.utils.data.dataloader import _BaseDataLoaderIter
 
-from ckptstore.client.torch.distributed import DistributedLoaderPosition
+from ckptstore.client.engine.proof import GLOBAL_ORDER
+from ckptstore.client.torch.distributed import DistributedLoaderPosition, epoch_order
 from ckptstore.client.torch.sampler import ResumableSampler, ResumableSamplerLoader
 
 __all__ = [
@@ -29,10 +30,12 @@ __all__ = [
     "set_generator_states",
     "replay_after_first_iterator",
     "data_fingerprint",
+    "next_ids",
+    "watch_first_draws",
     "NEXT_INDICES",
 ]
 
-NEXT_INDICES = 64  # how many of the next sample indices the data fingerprint hashes
+NEXT_INDICES = 64  # how many of the next sample ids a save records for the resume proof (per rank)
 
 
 def is_loader(obj: Any) -> bool:
@@ -72,7 +75,7 @@ def replay_after_first_iterator(loader: Any, states: list[torch.Tensor], rng: to
     make_iterator = loader._get_iterator
 
     def first_iterator() -> Any:
-        del loader._get_iterator  # the class's own from now on
+        loader.__dict__.pop("_get_iterator", None)  # the class's own from now on
         iterator = make_iterator()
         set_generator_states(loader, states)
         torch.set_rng_state(rng)
@@ -81,16 +84,10 @@ def replay_after_first_iterator(loader: Any, states: list[torch.Tensor], rng: to
     loader._get_iterator = first_iterator
 
 
-def _digest(indices: list[int]) -> str:
-    return hashlib.sha256(repr(indices).encode()).hexdigest()[:16]
-
-
-def _sampler_part(sampler: Any, state: Mapping[str, Any] | None) -> dict[str, Any]:
+def _sampler_part(sampler: Any) -> dict[str, Any]:
     part: dict[str, Any] = {"sampler": type(sampler).__name__}
     if isinstance(sampler, ResumableSampler):
         part |= {"seed": sampler.seed, "shuffle": sampler.shuffle, "length": sampler.size}
-        if state is not None:
-            part["next"] = _digest(sampler.next_indices(state, NEXT_INDICES))
     elif hasattr(sampler, "data_source"):
         part["length"] = len(sampler.data_source)
     return part
@@ -106,20 +103,22 @@ def _torchdata_next(loader: Any, state: Mapping[str, Any]) -> list[int] | None:
         generator_state, taken = sampler_state["generator"], sampler_state["yielded"]
     except (KeyError, TypeError):
         return None
+    length = len(loader.sampler.data_source)
+    if taken >= length:  # the epoch is over: the next one's order is drawn as its iterator is made
+        return None
     generator = torch.Generator()
     generator.set_state(generator_state)
-    order = torch.randperm(len(loader.sampler.data_source), generator=generator).tolist()
+    order = torch.randperm(length, generator=generator).tolist()
     return order[taken : taken + NEXT_INDICES]
 
 
-def data_fingerprint(obj: Any, state: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """What ckptstore can see of a data object's position — its type, sampler, batch size, dataset
-    length, seed, and a hash of the next sample indices `state` (its state dict) leads to — or None
+def data_fingerprint(obj: Any) -> dict[str, Any] | None:
+    """What a data object declares — its type, sampler, batch size, dataset length, seed — or None
     when `obj` is not a data loader or sampler."""
     if isinstance(obj, ResumableSampler):
-        return {"type": "ResumableSampler"} | _sampler_part(obj, state)
-    if isinstance(obj, ResumableSamplerLoader):  # the loader's batch size, and its sampler's position
-        return data_fingerprint(obj.loader, state)
+        return {"type": "ResumableSampler"} | _sampler_part(obj)
+    if isinstance(obj, ResumableSamplerLoader):  # the loader's batch size, and its sampler's settings
+        return data_fingerprint(obj.loader)
     if isinstance(obj, DistributedLoaderPosition):  # the world size may change: resharded, not drift
         sampler = obj.sampler
         return {
@@ -138,16 +137,92 @@ def data_fingerprint(obj: Any, state: Mapping[str, Any] | None) -> dict[str, Any
     part["generators"] = len(_generators(obj))
     if hasattr(obj.dataset, "__len__"):
         part["length"] = len(obj.dataset)
-    inner = obj.sampler
-    sampler_state = None
-    if isinstance(inner, ResumableSampler) and state is not None:
+    return part | _sampler_part(obj.sampler)
+
+
+def next_ids(obj: Any, state: Mapping[str, Any]) -> list[int] | dict[str, list[int]] | None:
+    """The ids of the samples the data object would hand out next from `state` (its state dict, as
+    saved) — this rank's, or a DataLoader over a DistributedSampler's in the epoch's global order
+    ({GLOBAL_ORDER: ids}: any world size takes its share) — or None where ckptstore cannot tell."""
+    if isinstance(obj, (ResumableSampler, ResumableSamplerLoader)):
+        return (
+            obj.sampler.next_indices(state, NEXT_INDICES)
+            if isinstance(obj, ResumableSamplerLoader)
+            else (obj.next_indices(state, NEXT_INDICES))
+        )
+    if isinstance(obj, DistributedLoaderPosition):
+        order = epoch_order(obj.sampler, state["epoch"], 1)  # the permutation, before any padding for the ranks
+        consumed = state["consumed"]
+        return {GLOBAL_ORDER: order[consumed : consumed + NEXT_INDICES * state["world"]].tolist()}
+    if is_loader(obj) and type(obj.sampler).__name__ == "RandomSampler":
+        return _torchdata_next(obj, state)
+    if is_loader(obj) and isinstance(obj.sampler, ResumableSampler):
         sampler_state = _find_sampler_state(state)
-    part |= _sampler_part(inner, sampler_state)
-    if "next" not in part and state is not None and type(inner).__name__ == "RandomSampler":
-        upcoming = _torchdata_next(obj, state)
-        if upcoming is not None:
-            part["next"] = _digest(upcoming)
-    return part
+        return None if sampler_state is None else obj.sampler.next_indices(sampler_state, NEXT_INDICES)
+    return None
+
+
+def watch_first_draws(obj: Any, report: Callable[[Sequence[int]], None]) -> bool:
+    """Make the data object `report` the ids it hands out, from the next iterator made, until
+    NEXT_INDICES are reported (`ResumeProof.drawn`); False when it cannot be watched. A loader's
+    batches are reported as its iterator takes them from the sampler — in the main process, before
+    any worker fetches them, so before they train."""
+    loader = obj.loader if isinstance(obj, (ResumableSamplerLoader, DistributedLoaderPosition)) else obj
+    if isinstance(loader, ResumableSampler):
+        loader.watch = _Reporter(report).ids
+        return True
+    if not is_loader(loader) or getattr(loader, "batch_sampler", None) is None:
+        return False
+    reporter = _Reporter(report)
+    make_iterator = [loader._get_iterator]
+
+    def watched_next_index(taken: Callable[[], Any]) -> Any:
+        index = taken()
+        reporter.ids(index)
+        return index
+
+    def watched_iterator() -> Any:
+        loader.__dict__.pop("_get_iterator", None)
+        # A multi-process iterator takes its first batches' ids while it is made: watched there too.
+        original = _BaseDataLoaderIter._next_index
+        _BaseDataLoaderIter._next_index = lambda self: watched_next_index(lambda: original(self))  # type: ignore[method-assign]
+        try:
+            iterator = make_iterator[0]()
+        finally:
+            _BaseDataLoaderIter._next_index = original  # type: ignore[method-assign]
+        make_iterator[0] = loader._get_iterator  # the class's own from now on
+        if not reporter.count:  # e.g. a restored iterator whose epoch is over: the loader makes another
+            loader._get_iterator = watched_iterator
+        own = iterator._next_index
+
+        def next_index() -> Any:
+            if reporter.done:
+                del iterator._next_index
+            return watched_next_index(own)
+
+        iterator._next_index = next_index
+        return iterator
+
+    loader._get_iterator = watched_iterator
+    return True
+
+
+class _Reporter:
+    """Reports ids as they come, until NEXT_INDICES are reported."""
+
+    def __init__(self, report: Callable[[Sequence[int]], None]):
+        self.report, self.count = report, 0
+
+    @property
+    def done(self) -> bool:
+        return self.count >= NEXT_INDICES
+
+    def ids(self, ids: Any) -> None:
+        if self.done:
+            return
+        batch = [int(i) for i in ids] if isinstance(ids, (list, tuple)) else [int(ids)]
+        self.count += len(batch)
+        self.report(batch)
 
 
 def _find_sampler_state(state: Any) -> Mapping[str, Any] | None:

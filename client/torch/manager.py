@@ -33,9 +33,16 @@ from ckptstore.client.engine.cadence import SaveEvery
 from ckptstore.client.engine.identity import NodeIdentity
 from ckptstore.client.engine.manager import LoopManager
 from ckptstore.client.engine.options import CheckpointOptions
+from ckptstore.client.engine.proof import PROOF_KEY, ResumeProof, recorded
 from ckptstore.client.torch.distributed import DistributedLoaderPosition, is_distributed_loader
 from ckptstore.client.torch.fingerprint import fingerprint, is_data
-from ckptstore.client.torch.loaders import generator_states, is_loader, replay_after_first_iterator
+from ckptstore.client.torch.loaders import (
+    generator_states,
+    is_loader,
+    next_ids,
+    replay_after_first_iterator,
+    watch_first_draws,
+)
 from ckptstore.client.torch.replicas import ReplicaComparison
 from ckptstore.client.torch.sampler import ResumableSampler, ResumableSamplerLoader, is_resumable_sampler_loader
 from ckptstore.client.torch.state import flatten, host_views_are_live, rng_state, set_rng_state, unflatten
@@ -244,19 +251,29 @@ class CheckpointManager(LoopManager):
         if generators:
             tree[LOADER_GENERATORS] = flatten(generators, LOADER_GENERATORS, views)
         described = fingerprint(self.objects, states, world=world, seed=torch.initial_seed(), rank_seeds=rank_seeds)
+        upcoming = {
+            name: next_ids(self.objects[name], states[name]) for name in self.objects if is_data(self.objects[name])
+        }
+        described[PROOF_KEY] = recorded(next_ids={name: ids for name, ids in upcoming.items() if ids is not None})
         return views, {STATE_KEY: json.dumps(tree), FINGERPRINT_KEY: described}
 
     def _live_fingerprint(self, arrays: Mapping[str, np.ndarray], metadata: Mapping[str, Any]) -> dict[str, Any]:
-        """Models and optimizers as they are; data objects at the checkpoint's position (asking a loader
-        for its state could start its iterator)."""
-        tree = json.loads(metadata.get(STATE_KEY, "{}"))
-        states = {}
-        for name, obj in self.objects.items():
-            if not is_data(obj):
-                states[name] = obj.state_dict()
-            elif name in tree:
-                states[name] = unflatten(tree[name], arrays)
+        """Models and optimizers as they are; data objects by their settings (asking a loader for its
+        state could start its iterator)."""
+        states = {name: obj.state_dict() for name, obj in self.objects.items() if not is_data(obj)}
         return fingerprint(self.objects, states, world=self._world(), seed=torch.initial_seed(), rank_seeds=None)
+
+    def _watchable(self) -> set[str]:
+        return {name for name, obj in self.objects.items() if is_data(obj)}
+
+    def _watch(self, proof: ResumeProof) -> None:
+        """Each data object reports the ids it hands out first (client/torch/loaders.py)."""
+        for name, obj in self.objects.items():
+            if is_data(obj) and not watch_first_draws(obj, lambda ids, name=name: proof.drawn(name, ids)):
+                proof.unseen.append(f"data ({name}): {type(obj).__name__} cannot be watched")
+
+    def _proof_world(self) -> tuple[int, int]:
+        return self._world()
 
     def _apply(self, arrays: Mapping[str, np.ndarray], metadata: Mapping[str, Any]) -> None:
         if STATE_KEY not in metadata:

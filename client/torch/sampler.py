@@ -9,7 +9,7 @@ takes indices ahead of the batches trained — put this sampler in torchdata's `
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sized
+from collections.abc import Callable, Iterator, Mapping, Sized
 from typing import Any
 
 import torch
@@ -26,6 +26,7 @@ class ResumableSampler(Sampler[int]):
         self.shuffle, self.seed = shuffle, seed
         self.epoch, self.taken = 0, 0
         self._rng_on_start: torch.Tensor | None = None
+        self.watch: Callable[[int], None] | None = None  # told each index yielded (the resume proof watches)
 
     def __len__(self) -> int:
         return self.size
@@ -38,8 +39,12 @@ class ResumableSampler(Sampler[int]):
         return torch.randperm(self.size, generator=generator).tolist()
 
     def next_indices(self, state: Mapping[str, Any], count: int) -> list[int]:
-        """The next `count` indices this sampler would yield from `state` (nothing changes)."""
-        return self._order(state["epoch"])[state["taken"] : state["taken"] + count]
+        """The next `count` indices this sampler would yield from `state` (nothing changes): the next
+        epoch's first ones when its epoch is over."""
+        epoch, taken = state["epoch"], state["taken"]
+        if taken >= self.size:
+            epoch, taken = epoch + 1, 0
+        return self._order(epoch)[taken : taken + count]
 
     def restore_rng_when_iterated(self, rng: torch.Tensor) -> None:
         """Set the global torch RNG to `rng` when the resumed epoch starts: the DataLoader draws its
@@ -56,6 +61,8 @@ class ResumableSampler(Sampler[int]):
         while self.taken < self.size:
             index = order[self.taken]
             self.taken += 1
+            if self.watch is not None:
+                self.watch(index)
             yield index
         self.epoch, self.taken = self.epoch + 1, 0
 

@@ -1,0 +1,233 @@
+"""The resume proof: what the resumed run does, checked against what the saved run would have done next.
+
+The audit (client/engine/audit.py) compares what the code declares — types, shapes, seeds, loader
+settings. That is not a proof: a pipeline that replays another order, a loop that skips an epoch,
+an iterator that was never put back all declare the same. So each save also records, in its
+fingerprint under PROOF_KEY, what the run would do next: the ids of the samples each data object
+would hand out next (where ckptstore can see them), and the framework's counters for the next step
+(epoch, batch, global step). After a restore the adapter watches the live run: each watched data
+object reports the ids it hands out first, the adapter the counters its first step runs with, and
+the proof settles —
+
+- `exact` (or the audit's `resharded`) only when everything recorded was seen, and matched;
+- `drift` when anything seen differs, each difference named;
+- `unverified` when the data could not be observed (said why): never `exact`.
+
+Settled once: said on a line of its own, kept with the attempt (`resume.audited`), and under
+resume_check="raise" a drift refuses before the first batch trains (`ResumeDriftError`); an
+unverified mid-epoch resume is refused at the restore, before anything is assigned.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from ckptstore.client.engine.audit import AuditedNode, refuse_drift, said
+from ckptstore.fingerprint import FINGERPRINT_KEY
+from ckptstore.wire.schema import ResumeAudit
+
+__all__ = ["PROOF_KEY", "recorded", "ResumeProof", "GLOBAL_ORDER", "start_proof"]
+
+PROOF_KEY = "proof"
+GLOBAL_ORDER = "global"  # a data object's next ids in the global order of every rank (resharded: any world size)
+_SHOWN = 6  # ids shown of a batch that differs
+
+
+def recorded(
+    *, counters: Mapping[str, int | None] | None = None, next_ids: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """What a save records for the proof: the counters of the next step (None: not known, not
+    compared) and, per data object, the ids of the samples it would hand out next — a list for this
+    rank, or {GLOBAL_ORDER: [...]} for a global order the ranks share round-robin."""
+    return {
+        "counters": {key: value for key, value in (counters or {}).items() if value is not None},
+        "next": dict(next_ids or {}),
+    }
+
+
+def _shown(ids: Sequence[int]) -> str:
+    more = ", …" if len(ids) > _SHOWN else ""
+    return "[" + ", ".join(str(i) for i in ids[:_SHOWN]) + more + "]"
+
+
+class ResumeProof:
+    """One restore's proof (see the module docstring). `declared` is its audit (exact or resharded);
+    `saved` the checkpoint's PROOF_KEY record (None: an older copy); `watched` the data objects the
+    adapter watches; `counting` whether it reports the first step's counters; `unobservable` why
+    the data cannot be seen, when the adapter cannot watch it at all."""
+
+    def __init__(
+        self,
+        declared: ResumeAudit,
+        saved: Mapping[str, Any] | None,
+        node: AuditedNode,
+        resume_check: str,
+        *,
+        mid_epoch: bool,
+        world: tuple[int, int] = (1, 0),
+        watched: Iterable[str] = (),
+        counting: bool = False,
+        unobservable: str | None = None,
+    ):
+        self.declared, self.node, self.resume_check, self.mid_epoch = declared, node, resume_check, mid_epoch
+        self.world = world
+        saved = saved if isinstance(saved, Mapping) else {}
+        self.counters: dict[str, Any] = dict(saved.get("counters") or {}) if counting else {}
+        expected = saved.get("next") if isinstance(saved.get("next"), Mapping) else None
+        watched = set(watched)
+        self.expected = {name: ids for name, ids in (expected or {}).items() if name in watched}
+        self.unseen: list[str] = []
+        if expected is None:
+            self.unseen.append(
+                "checkpoint: written before resume proofs (an older ckptstore): nothing recorded to check"
+            )
+        elif unobservable is not None:
+            self.unseen.append(f"data: {unobservable}")
+        elif not watched:
+            self.unseen.append(
+                "data: no data loader or sampler in objects, so the batches this run draws are not checked (put "
+                "the DataLoader or sampler in objects)"
+            )
+        else:
+            self.unseen += [
+                f"data ({name}): what it would hand out next could not be told at the save (an epoch's end whose "
+                "order is drawn as the next iterator is made, or a sampler ckptstore cannot follow)"
+                for name in sorted(watched - set(expected))
+            ]
+            self.unseen += [
+                f"data ({name}): recorded, but not in objects now" for name in sorted(set(expected) - watched)
+            ]
+        self.seen: dict[str, int] = {}
+        self.found: list[str] = []
+        self.result: ResumeAudit | None = None
+        self.said_counters = ""
+
+    @property
+    def settled(self) -> bool:
+        return self.result is not None
+
+    @property
+    def observable(self) -> bool:
+        """Whether anything is left to watch — else the proof settles at the restore, as it does when
+        it can no longer pass under resume_check="raise" (unverified, mid-epoch)."""
+        refused = bool(self.unseen) and self.mid_epoch and self.resume_check == "raise"
+        return bool(self.expected or self.counters) and not refused
+
+    def _expected_ids(self, name: str) -> list[int]:
+        record = self.expected[name]
+        if isinstance(record, Mapping):  # a global order: this rank's share of it on the live world
+            size, rank = self.world
+            return list(record.get(GLOBAL_ORDER, []))[rank::size]
+        return list(record)
+
+    def drawn(self, name: str, ids: Sequence[int]) -> None:
+        """The live data object `name` hands out `ids` (in order, following any already reported):
+        compared with what the saved run would have drawn; a difference settles the proof as drift."""
+        if self.settled or name not in self.expected:
+            return
+        expected, start = self._expected_ids(name), self.seen.get(name, 0)
+        ids = [int(i) for i in ids][: max(0, len(expected) - start)]
+        if ids != expected[start : start + len(ids)]:
+            self.found.append(
+                f"data ({name}): the first samples drawn after the restore are {_shown(ids)}; the saved run's "
+                f"next were {_shown(expected[start : start + len(ids)])} (not the saved run's data stream)"
+            )
+            self.settle()
+            return
+        self.seen[name] = start + len(ids)
+
+    def step(self, counters: Mapping[str, int | None]) -> None:
+        """The first step after the restore begins with `counters` (before it trains): compared with the
+        saved run's next step, and the proof settles on what was seen."""
+        if self.settled:
+            return
+        compared = [key for key in self.counters if counters.get(key) is not None]
+        if compared:
+            self.said_counters = ", ".join(f"{key} {counters[key]}" for key in compared)
+        differ = [key for key in compared if counters[key] != self.counters[key]]
+        if differ:
+            now = ", ".join(f"{key} {counters[key]}" for key in differ)
+            then = ", ".join(f"{key} {self.counters[key]}" for key in differ)
+            self.found.append(
+                f"counters: the first step after the restore runs at {now}; the saved run's next was {then}"
+            )
+        self.settle()
+
+    def settle(self, why_unseen: str | None = None) -> ResumeAudit:
+        """The verdict on what was seen (`why_unseen`: why a watched object reported nothing, e.g. no
+        batch was drawn): said, kept with the attempt, and under resume_check="raise" a drift — or an
+        unverified mid-epoch resume — raises."""
+        if self.result is not None:
+            return self.result
+        unseen = list(self.unseen)
+        for name in sorted(self.expected):
+            if not self.seen.get(name) and not self.found:
+                unseen.append(f"data ({name}): {why_unseen or 'drew nothing before the first step'}")
+        if self.found:
+            result = ResumeAudit(position=self.declared.position, verdict="drift", differences=self.found)
+        elif unseen:
+            result = ResumeAudit(position=self.declared.position, verdict="unverified", differences=unseen)
+        else:
+            result = self.declared
+        self.result = result
+        self.node.report_audit(result)
+        if self.observable or self.found:
+            print(
+                f"ckptstore: {self.node.job}/{self.node.node} {self._proof_line(result)}", file=sys.stderr, flush=True
+            )
+        if self.resume_check == "raise" and (
+            result.verdict == "drift" or (result.verdict == "unverified" and self.mid_epoch)
+        ):
+            self.node.reports.drain(timeout=5)
+            refuse_drift(result, self.node.job, self.node.node)
+        return result
+
+    def _proof_line(self, result: ResumeAudit) -> str:
+        seen = [f"the first {count} sample ids {name} handed out" for name, count in sorted(self.seen.items()) if count]
+        if self.said_counters:
+            seen.append(f"the first step's counters ({self.said_counters})")
+        line = said(result).removeprefix("; ")
+        if not seen or result.verdict == "drift":
+            return line
+        checked = f"{' and '.join(seen)} are the saved run's next"
+        if result.verdict == "unverified":
+            head, _, rest = line.partition(":\n")
+            return f"{head} ({checked}; not the data):\n{rest}"
+        return f"{line} — proven: {checked}"
+
+
+def start_proof(
+    declared: ResumeAudit | None,
+    metadata: Mapping[str, Any],
+    node: AuditedNode,
+    resume_check: str,
+    *,
+    mid_epoch: bool,
+    world: tuple[int, int] = (1, 0),
+    watched: Iterable[str] = (),
+    counting: bool = False,
+    unobservable: str | None = None,
+) -> ResumeProof | None:
+    """The proof of a restore whose declared audit is `declared` (None, or a drift: nothing to prove).
+    With nothing the run can watch it settles at once — `unverified`, refused under
+    resume_check="raise" from a mid-epoch position, before anything is assigned."""
+    if declared is None or declared.verdict == "drift":
+        return None
+    fingerprint = metadata.get(FINGERPRINT_KEY)
+    saved = fingerprint.get(PROOF_KEY) if isinstance(fingerprint, Mapping) else None
+    proof = ResumeProof(
+        declared,
+        saved,
+        node,
+        resume_check,
+        mid_epoch=mid_epoch,
+        world=world,
+        watched=watched,
+        counting=counting,
+        unobservable=unobservable,
+    )
+    if not proof.observable:
+        proof.settle()
+    return proof

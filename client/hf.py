@@ -45,11 +45,12 @@ from ckptstore import Position
 from ckptstore.client.engine.audit import audit_restored
 from ckptstore.client.engine.node import NodeCheckpointer
 from ckptstore.client.engine.options import CheckpointOptions
+from ckptstore.client.engine.proof import PROOF_KEY, ResumeProof, recorded, start_proof
 from ckptstore.client.engine.restore import restore_in_one_pass
 from ckptstore.client.torch.fingerprint import fingerprint
 from ckptstore.client.torch.manager import ranks_node
 from ckptstore.copies import Restored
-from ckptstore.errors import ResumeRefusedError
+from ckptstore.errors import CkptStoreError, ResumeRefusedError
 from ckptstore.fingerprint import FINGERPRINT_KEY
 from ckptstore.format.shard import numpy_dtype
 from ckptstore.wire.schema import ResumeAudit
@@ -232,6 +233,7 @@ class BackupAndRestore(TrainerCallback):
         self._steps_per_epoch = 1
         self._length: int | None = None
         self._resumed: _Resumed | None = None
+        self.proof: ResumeProof | None = None  # the resume's proof (client/engine/proof.py), settled at the first step
 
     def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         trainer = _calling_trainer()
@@ -259,7 +261,19 @@ class BackupAndRestore(TrainerCallback):
         if self._resumed is not None and self._resumed.skipped:
             _skip_once(trainer, self._resumed.skipped)
         self.resume_position = restored.copy.position
-        self.checkpointer.resumed(restored, time.perf_counter() - started, report)
+        self.proof = start_proof(
+            report,
+            restored.checkpoint.manifest.metadata,
+            self.checkpointer,
+            self.options.resume_check,
+            mid_epoch=not restored.copy.position.is_end_of_epoch,
+            counting=True,
+            unobservable="ckptstore does not see the batches the Trainer's own loop draws",
+        )
+        if self.proof is not None and self._resumed is not None:
+            self.proof.counters["global_step"] = self._resumed.global_step  # on another world size, the step it became
+        pending = self.proof is not None and not self.proof.settled
+        self.checkpointer.resumed(restored, time.perf_counter() - started, report, pending=pending)
         return folder
 
     def _unpack(self, trainer: transformers.Trainer, restored: Restored) -> tuple[ResumeAudit | None, str]:
@@ -314,6 +328,10 @@ class BackupAndRestore(TrainerCallback):
             self._steps_per_epoch = _update_steps(len(loader), max(args.gradient_accumulation_steps, 1))
             self._length = _length(getattr(loader, "dataset", None))
 
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.proof is not None and not self.proof.settled:
+            self.proof.step({"global_step": state.global_step})
+
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """A checkpoint request (`ckptstore checkpoint-now`): the Trainer saves at this step, as if
         `save_steps` said so, and `on_save` takes it."""
@@ -337,7 +355,8 @@ class BackupAndRestore(TrainerCallback):
             DATA_KEY: {"consumed": consumed, "world": args.world_size},
         }
         if "model" in kwargs:
-            metadata[FINGERPRINT_KEY] = _fingerprint(kwargs["model"], args, self._length)
+            described = _fingerprint(kwargs["model"], args, self._length)
+            metadata[FINGERPRINT_KEY] = described | {PROOF_KEY: recorded(counters={"global_step": state.global_step})}
         self.checkpointer.save(position, arrays, step=state.global_step, metadata=metadata)
 
     def _position(self, global_step: int, args: Any) -> tuple[Position, int]:
@@ -357,6 +376,11 @@ class BackupAndRestore(TrainerCallback):
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         # The restored folder stays until here: the Trainer reads its RNG states once it has skipped batches.
         shutil.rmtree(_staging(args), ignore_errors=True)
+        if self.proof is not None and not self.proof.settled:
+            try:
+                self.proof.settle("no batch was drawn after the restore")
+            except CkptStoreError as exc:  # raise: a run that trained nothing has nothing to refuse
+                log.warning("%s", exc)
         if self.checkpointer is not None:
             self.checkpointer.wait()
             self.checkpointer.close()

@@ -28,10 +28,10 @@ import numpy as np
 
 from ckptstore import Position
 from ckptstore.client.engine.audit import declared_data
-from ckptstore.client.engine.proof import PROOF_KEY, recorded
 from ckptstore.client.engine.cadence import SaveEvery
 from ckptstore.client.engine.manager import LoopManager
 from ckptstore.client.engine.options import CheckpointOptions
+from ckptstore.client.engine.proof import PROOF_KEY, recorded
 from ckptstore.fingerprint import FINGERPRINT_KEY
 
 __all__ = ["CheckpointManager"]

@@ -30,6 +30,7 @@ sampler only under a distributed strategy).
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import sys
@@ -44,14 +45,21 @@ from ckptstore import Position
 from ckptstore.client.engine.audit import audit_restored
 from ckptstore.client.engine.node import NodeCheckpointer
 from ckptstore.client.engine.options import CheckpointOptions
+from ckptstore.client.engine.proof import PROOF_KEY, ResumeProof, recorded, start_proof
 from ckptstore.client.engine.restore import restore_in_one_pass
 from ckptstore.client.torch.distributed import DistributedLoaderPosition, is_distributed_loader
 from ckptstore.client.torch.fingerprint import fingerprint
-from ckptstore.client.torch.loaders import generator_states, is_loader, set_generator_states
+from ckptstore.client.torch.loaders import (
+    generator_states,
+    is_loader,
+    next_ids,
+    set_generator_states,
+    watch_first_draws,
+)
 from ckptstore.client.torch.manager import ranks_node
 from ckptstore.client.torch.state import flatten, rng_state, set_rng_state, unflatten
 from ckptstore.copies import Restored
-from ckptstore.errors import ResumeRefusedError
+from ckptstore.errors import CkptStoreError, ResumeRefusedError
 from ckptstore.fingerprint import FINGERPRINT_KEY
 from ckptstore.wire.schema import ResumeAudit
 
@@ -94,6 +102,7 @@ class BackupAndRestore(pl.Callback):
         self._save_at_epoch_end = False  # a save due at an epoch's last batch: taken at the epoch's end
         self._counts: list[DistributedLoaderPosition | None] = []  # per training loader over a DistributedSampler
         self._renumbered: tuple[int, int] | None = None  # (epoch, positions' batch minus Lightning's) when resumed
+        self.proof: ResumeProof | None = None  # the resume's proof (client/engine/proof.py), settled at the first step
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage != "fit":
@@ -128,10 +137,43 @@ class BackupAndRestore(pl.Callback):
                 _skip_trained_batches(loaders, position, epoch_rng, self._pending_rng)
             else:
                 _next_epoch_from_generators(loaders, generators)
+            self._start_proof(
+                trainer, restored, report, resharded=counts is not None and all(c is not None for c in counts)
+            )
 
         _when_loaders_ready(trainer, loaders_ready)
         _load_when_fit_resumes(trainer, checkpoint, f"ckptstore:{self.options.job}@{position}")
-        self.checkpointer.resumed(restored, time.perf_counter() - started, report)
+        pending = report is not None and report.verdict != "drift"
+        self.checkpointer.resumed(restored, time.perf_counter() - started, report, pending=pending)
+
+    def _start_proof(
+        self, trainer: pl.Trainer, restored: Restored, report: ResumeAudit | None, *, resharded: bool
+    ) -> None:
+        """The resume's proof, once the training loaders are set up: the first step's counters, and the
+        first ids each loader over a DistributedSampler hands out (what a plain loader draws is not seen)."""
+        assert self.checkpointer is not None
+        watched = {f"loader{i}": count for i, count in enumerate(self._counts) if count is not None}
+        self.proof = start_proof(
+            report,
+            restored.checkpoint.manifest.metadata,
+            self.checkpointer,
+            self.options.resume_check,
+            mid_epoch=self._resumed_mid_epoch,
+            world=(trainer.world_size, trainer.global_rank),
+            watched=watched,
+            counting=True,
+            unobservable=None
+            if watched
+            else "ckptstore does not see what a training loader without a DistributedSampler draws (strategy='ddp' "
+            "puts one in)",
+        )
+        proof = self.proof
+        if proof is None or proof.settled:
+            return
+        if report is not None and report.verdict == "resharded":
+            proof.counters.pop("batch", None)  # Lightning's batch numbers are the new world's
+        for name, count in watched.items():
+            watch_first_draws(count, functools.partial(proof.drawn, name))
 
     def _renumber(self, trainer: pl.Trainer, checkpoint: dict[str, Any], position: Position, counts: list[Any]) -> None:
         """Resuming mid-epoch from saved global counts: Lightning's batch counter in the checkpoint is
@@ -220,6 +262,8 @@ class BackupAndRestore(pl.Callback):
             self._pending_rng = None
 
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, index: int) -> None:
+        if self.proof is not None and not self.proof.settled:
+            self.proof.step({"epoch": trainer.current_epoch, "batch": index, "global_step": trainer.global_step})
         if self._pending_rng is not None:
             set_rng_state(self._pending_rng)
             self._pending_rng = None
@@ -239,14 +283,26 @@ class BackupAndRestore(pl.Callback):
         epoch, batch = trainer.current_epoch, index + 1
         if self._renumbered is not None and self._renumbered[0] == epoch:
             batch += self._renumbered[1]
-        self._save(trainer, Position(epoch, batch))
+        self._save(trainer, Position(epoch, batch), next_batch=index + 1)
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.every_n_train_steps is None or self._save_at_epoch_end:
             self._save_at_epoch_end = False
-            self._save(trainer, Position(trainer.current_epoch))
+            self._save(trainer, Position(trainer.current_epoch), next_batch=0)
 
-    def _save(self, trainer: pl.Trainer, position: Position) -> None:
+    def _proof_record(self, trainer: pl.Trainer, position: Position, next_batch: int) -> dict[str, Any]:
+        """What the proof of a resume from `position` checks: Lightning's counters for the next step
+        (`next_batch`: its batch number there) and the next ids of each loader over a DistributedSampler."""
+        upcoming = {}
+        for i, count in enumerate(self._counts):
+            ids = None if count is None else next_ids(count, count.state_dict())
+            if ids is not None:
+                upcoming[f"loader{i}"] = ids
+        epoch = position.epoch + 1 if position.is_end_of_epoch else position.epoch
+        counters = {"epoch": epoch, "batch": next_batch, "global_step": trainer.global_step}
+        return recorded(counters=counters, next_ids=upcoming)
+
+    def _save(self, trainer: pl.Trainer, position: Position, *, next_batch: int) -> None:
         assert self.checkpointer is not None, "setup runs first"
         if not self.checkpointer.writes:  # under DDP rank 0 writes the job's one copy
             return
@@ -264,11 +320,18 @@ class BackupAndRestore(pl.Callback):
         tree = flatten(checkpoint, "lightning", arrays)
         # Async saves write in the background: from copies, since training goes on changing the tensors.
         copies = {name: array.copy() for name, array in arrays.items()} if self.options.async_save else arrays
-        metadata = {TREE_KEY: json.dumps(tree), FINGERPRINT_KEY: _fingerprint(trainer, trainer.lightning_module)}
+        described = _fingerprint(trainer, trainer.lightning_module)
+        described[PROOF_KEY] = self._proof_record(trainer, position, next_batch)
+        metadata = {TREE_KEY: json.dumps(tree), FINGERPRINT_KEY: described}
         self.checkpointer.save(position, copies, step=trainer.global_step, metadata=metadata)
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage == "fit" and self.checkpointer is not None:
+            if self.proof is not None and not self.proof.settled:
+                try:
+                    self.proof.settle("no batch was drawn after the restore")
+                except CkptStoreError as exc:  # raise: a fit that trained nothing has nothing to refuse
+                    log.warning("%s", exc)
             self.checkpointer.wait()
             self.checkpointer.close()
             self.checkpointer = None

@@ -123,6 +123,7 @@ class DistributedLoaderPosition:
             "drop_last": sampler.drop_last,
             "length": len(sampler.dataset),  # type: ignore[arg-type]
             "batch_size": self.loader.batch_size,
+            "sampler_epoch": sampler.epoch,  # as the loop last set it (`set_epoch`): what the next epoch draws
         }
 
     def _consumed(self, epoch: int, batch: int) -> int:

@@ -151,8 +151,18 @@ def next_ids(obj: Any, state: Mapping[str, Any]) -> list[int] | dict[str, list[i
             else (obj.next_indices(state, NEXT_INDICES))
         )
     if isinstance(obj, DistributedLoaderPosition):
-        order = epoch_order(obj.sampler, state["epoch"], 1)  # the permutation, before any padding for the ranks
-        consumed = state["consumed"]
+        epoch, consumed = state["epoch"], state["consumed"]
+        if not consumed and obj.position is not None and obj.position.batch is None:
+            # An epoch's end: the next epoch's order is the one the loop sets (`set_epoch`) — the next
+            # epoch's where it set this one's; epoch 0's where it never sets any; else it cannot be told.
+            set_to, ended = state.get("sampler_epoch"), obj.position.epoch
+            if set_to == ended and ended > 0:
+                epoch = ended + 1
+            elif set_to == 0 and ended > 0:
+                epoch = 0
+            else:
+                return None
+        order = epoch_order(obj.sampler, epoch, 1)  # the permutation, before any padding for the ranks
         return {GLOBAL_ORDER: order[consumed : consumed + NEXT_INDICES * state["world"]].tolist()}
     if is_loader(obj) and type(obj.sampler).__name__ == "RandomSampler":
         return _torchdata_next(obj, state)
@@ -192,7 +202,7 @@ def watch_first_draws(obj: Any, report: Callable[[Sequence[int]], None]) -> bool
             _BaseDataLoaderIter._next_index = original  # type: ignore[method-assign]
         make_iterator[0] = loader._get_iterator  # the class's own from now on
         if not reporter.count:  # e.g. a restored iterator whose epoch is over: the loader makes another
-            loader._get_iterator = watched_iterator
+            loader._get_iterator = watched_iterator  # type: ignore[method-assign]
         own = iterator._next_index
 
         def next_index() -> Any:
@@ -200,10 +210,10 @@ def watch_first_draws(obj: Any, report: Callable[[Sequence[int]], None]) -> bool
                 del iterator._next_index
             return watched_next_index(own)
 
-        iterator._next_index = next_index
+        iterator._next_index = next_index  # type: ignore[method-assign]
         return iterator
 
-    loader._get_iterator = watched_iterator
+    loader._get_iterator = watched_iterator  # type: ignore[method-assign]
     return True
 
 

@@ -19,6 +19,7 @@ every rank writes its own part and a position is good once every rank committed 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 from collections.abc import Mapping
@@ -269,7 +270,7 @@ class CheckpointManager(LoopManager):
     def _watch(self, proof: ResumeProof) -> None:
         """Each data object reports the ids it hands out first (client/torch/loaders.py)."""
         for name, obj in self.objects.items():
-            if is_data(obj) and not watch_first_draws(obj, lambda ids, name=name: proof.drawn(name, ids)):
+            if is_data(obj) and not watch_first_draws(obj, functools.partial(proof.drawn, name)):
                 proof.unseen.append(f"data ({name}): {type(obj).__name__} cannot be watched")
 
     def _proof_world(self) -> tuple[int, int]:

@@ -89,10 +89,11 @@ class CheckpointManager(LoopManager):
     `unverified`, not `exact` (client/engine/proof.py).
     """
 
-    _unobservable = (
-        "ckptstore does not see the batches a JAX loop draws (`data=` declares how the loop picks them: "
-        "compared, not observed)"
-    )
+    def _unobservable(self) -> str | None:
+        return (
+            "ckptstore does not see the batches a JAX loop draws (`data=` declares how the loop picks them: "
+            "compared, not observed)"
+        )
 
     def __init__(
         self,

@@ -28,6 +28,7 @@ import numpy as np
 from ckptstore import Position
 from ckptstore.client.engine.node import NodeCheckpointer
 from ckptstore.client.engine.options import CheckpointOptions
+from ckptstore.client.engine.proof import BATCH_BEFORE
 from ckptstore.client.tensorflow import global_rng
 from ckptstore.client.tensorflow.manager import CheckpointManager
 from ckptstore.errors import CkptStoreError
@@ -162,6 +163,8 @@ class BackupAndRestore(keras.callbacks.Callback):
         self._rng_after_skip: dict[str, Any] | None = None
         self._iterations: _DataIterations | None = None
         self._skipping = False  # the batches trained before the restart are being skipped
+        self._digests: Any = None  # client/tensorflow/batch_digest.py's BatchDigests, where fit's step allows
+        self.manager.steps_reported = True  # on_train_batch_begin tells the resume proof
 
     # -- restore -------------------------------------------------------------------------------
 
@@ -185,6 +188,14 @@ class BackupAndRestore(keras.callbacks.Callback):
         self.manager.objects = self._objects()
         epoch_iterator = _fit_epoch_iterator(self.model)
         self.manager.data = {"fit": _fit_data(self.model, epoch_iterator, self.params)}
+        self._digests = None
+        if epoch_iterator is not None and keras.backend.backend() == "tensorflow":
+            from ckptstore.client.tensorflow.batch_digest import BatchDigests
+
+            if BatchDigests.available(self.model):
+                self._digests = BatchDigests(self.model)
+                self._digests.install()
+        self.manager.watched_data = {"fit"} if self._digests is not None else set()
         self._iterations = None if epoch_iterator is None else _DataIterations(epoch_iterator)
         self.model._initial_epoch = self.manager.restore_or_initialize()
         position = self.resume_position
@@ -248,16 +259,26 @@ class BackupAndRestore(keras.callbacks.Callback):
             the iterator, JAX's (state, iterator) and returns (logs, state), PyTorch's takes the
             batch its fit loop already drew."""
             *state, data = args
+            drawn = None
             if hasattr(data, "get_next") or hasattr(data, "__next__"):
                 for _ in range(per_call):
-                    data.get_next() if hasattr(data, "get_next") else next(data)
+                    drawn = data.get_next() if hasattr(data, "get_next") else next(data)
             left[0] -= 1
             if left[0] == 0:
                 model.train_function = original
                 self._skipped()
+                self._drawn_before_position(drawn)
             return ({}, state[0]) if state else {}
 
         model.train_function = skip
+
+    def _drawn_before_position(self, batch: Any) -> None:
+        """The last batch skipped — the one trained last before the save — to the resume proof."""
+        proof = self.manager.proof
+        if proof is not None and batch is not None and self._digests is not None:
+            from ckptstore.client.tensorflow.batch_digest import digest
+
+            proof.drawn("fit", [int(digest(batch))])
 
     def _skipped(self) -> None:
         """The batches trained before the restart are skipped: the RNGs as saved come back."""
@@ -294,6 +315,8 @@ class BackupAndRestore(keras.callbacks.Callback):
         step = self._iterations_done()
         after = Position(position.epoch + 1, 0) if position.batch is None else position
         self.manager.next_counters = {"epoch": after.epoch, "batch": after.batch, "iterations": step}
+        mid_epoch = position.batch is not None and self._digests is not None
+        self.manager.next_data = {"fit": {BATCH_BEFORE: self._digests.last}} if mid_epoch else {}
         self.manager.save(position.epoch, batch=position.batch, step=step, metrics=metrics)
 
     def _iterations_done(self) -> int | None:

@@ -48,7 +48,7 @@ def test_the_unchanged_fit_checks_its_counters_and_says_its_batches_are_unverifi
     fit(str(tmp_path), epochs=2)
     err = capsys.readouterr().err
     assert (
-        "resume audit: unverified, not shown to be exact (the first step's counters (epoch 1, batch 0, iterations 43) are the saved run's next"
+        "resume audit: unverified, not shown to be exact (the first step's counters (epoch 1, batch 0, iterations 43) match the saved run's"
         in err
     ), err
     assert "ckptstore does not see the batches" in err and "resume audit: exact" not in err

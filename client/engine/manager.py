@@ -57,6 +57,9 @@ class LoopManager:
         self.resume_position: Position | None = None
         self._declared: ResumeAudit | None = None  # the last restore's declared audit
         self.proof: ResumeProof | None = None  # its proof (client/engine/proof.py), settled at the first step
+        # Whether a framework adapter tells the proof when the first step begins (Keras' callback): then
+        # the loop's between-batch calls do not settle it.
+        self.steps_reported = False
         self.preemption = PreemptionNotice(self.options.preemption_budget_s)
         self._staging: dict[str, np.ndarray] = {}  # host buffers an async save writes from, reused
         self._between_batches = 0  # checkpoint_if_preempted calls, the same count on every process
@@ -85,8 +88,9 @@ class LoopManager:
         """The data objects whose first draws `_watch` can report."""
         return set()
 
-    #: Why the loop's data cannot be observed at all (None: its data objects are watched).
-    _unobservable: str | None = None
+    def _unobservable(self) -> str | None:
+        """Why the loop's data cannot be observed at all (None: its data objects are watched)."""
+        return None
 
     def _gather(self, *, collective: bool) -> None:
         """Called on every process as a save begins, writer or not (`collective`: the processes are all
@@ -175,7 +179,7 @@ class LoopManager:
             world=self._proof_world(),
             watched=self._watchable(),
             counting=True,
-            unobservable=self._unobservable,
+            unobservable=self._unobservable(),
         )
 
     def _proof_world(self) -> tuple[int, int]:
@@ -190,7 +194,7 @@ class LoopManager:
     def _first_step_over(self, why: str) -> None:
         """The loop came back to ckptstore after the restore (a between-batch call, a save, close):
         whatever the data objects did not report by now is unverified."""
-        if self.proof is not None and not self.proof.settled:
+        if self.proof is not None and not self.proof.settled and not self.steps_reported:
             self.proof.settle(why)
 
     def check_restore(self) -> ResumeAudit | None:

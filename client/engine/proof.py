@@ -28,10 +28,11 @@ from ckptstore.client.engine.audit import AuditedNode, refuse_drift, said
 from ckptstore.fingerprint import FINGERPRINT_KEY
 from ckptstore.wire.schema import ResumeAudit
 
-__all__ = ["PROOF_KEY", "recorded", "ResumeProof", "GLOBAL_ORDER", "start_proof"]
+__all__ = ["PROOF_KEY", "recorded", "ResumeProof", "GLOBAL_ORDER", "BATCH_BEFORE", "start_proof"]
 
 PROOF_KEY = "proof"
 GLOBAL_ORDER = "global"  # a data object's next ids in the global order of every rank (resharded: any world size)
+BATCH_BEFORE = "batch_before"  # the digest of the batch trained last before a mid-epoch save (Keras' fit)
 _SHOWN = 6  # ids shown of a batch that differs
 
 
@@ -40,7 +41,8 @@ def recorded(
 ) -> dict[str, Any]:
     """What a save records for the proof: the counters of the next step (None: not known, not
     compared) and, per data object, the ids of the samples it would hand out next — a list for this
-    rank, or {GLOBAL_ORDER: [...]} for a global order the ranks share round-robin."""
+    rank, or {GLOBAL_ORDER: [...]} for a global order the ranks share round-robin — or, where the
+    samples have no ids, {BATCH_BEFORE: digest} of the batch trained last (its resume draws it again)."""
     return {
         "counters": {key: value for key, value in (counters or {}).items() if value is not None},
         "next": dict(next_ids or {}),
@@ -100,6 +102,7 @@ class ResumeProof:
                 f"data ({name}): recorded, but not in objects now" for name in sorted(set(expected) - watched)
             ]
         self.seen: dict[str, int] = {}
+        self.evidence: dict[str, str] = {}  # what was seen of each data object, said with the verdict
         self.found: list[str] = []
         self.result: ResumeAudit | None = None
         self.said_counters = ""
@@ -127,6 +130,10 @@ class ResumeProof:
         compared with what the saved run would have drawn; a difference settles the proof as drift."""
         if self.settled or name not in self.expected:
             return
+        record = self.expected[name]
+        if isinstance(record, Mapping) and BATCH_BEFORE in record:
+            self._batch_before(name, int(ids[0]), record[BATCH_BEFORE])
+            return
         expected, start = self._expected_ids(name), self.seen.get(name, 0)
         ids = [int(i) for i in ids][: max(0, len(expected) - start)]
         if ids != expected[start : start + len(ids)]:
@@ -137,6 +144,19 @@ class ResumeProof:
             self.settle()
             return
         self.seen[name] = start + len(ids)
+        self.evidence[name] = f"the first {self.seen[name]} sample ids {name} handed out"
+
+    def _batch_before(self, name: str, drawn: int, saved: Any) -> None:
+        """The batch before the resumed position, drawn again after the restore, against the saved run's."""
+        if drawn != saved:
+            self.found.append(
+                f"data ({name}): the batch before the resumed position, drawn again to skip it, is not the saved "
+                f"run's (digest {drawn}, saved {saved}): the resumed epoch does not draw the saved run's order"
+            )
+            self.settle()
+            return
+        self.seen[name] = 1
+        self.evidence[name] = f"{name}'s batch before the position (drawn again to skip it)"
 
     def step(self, counters: Mapping[str, int | None]) -> None:
         """The first step after the restore begins with `counters` (before it trains): compared with the
@@ -185,13 +205,13 @@ class ResumeProof:
         return result
 
     def _proof_line(self, result: ResumeAudit) -> str:
-        seen = [f"the first {count} sample ids {name} handed out" for name, count in sorted(self.seen.items()) if count]
+        seen = [self.evidence[name] for name in sorted(self.evidence)]
         if self.said_counters:
             seen.append(f"the first step's counters ({self.said_counters})")
         line = said(result).removeprefix("; ")
         if not seen or result.verdict == "drift":
             return line
-        checked = f"{' and '.join(seen)} are the saved run's next"
+        checked = f"{' and '.join(seen)} match the saved run's"
         if result.verdict == "unverified":
             head, _, rest = line.partition(":\n")
             return f"{head} ({checked}; not the data):\n{rest}"

@@ -84,11 +84,6 @@ class CheckpointManager(LoopManager):
     recorded with every save and compared at every resume, as a tf.data iterator in `objects` is.
     """
 
-    _unobservable = (
-        "ckptstore does not see the batches a TensorFlow loop or Keras' fit draws (tf.data iterators are "
-        "restored by TensorFlow, `data=` declares how a loop picks them: compared, not observed)"
-    )
-
     def __init__(
         self,
         *,
@@ -112,7 +107,11 @@ class CheckpointManager(LoopManager):
         self.data_iterations: int | None = None  # iterators of fit's dataset made before the data saved (Keras)
         self.restored_data_iterations: int | None = None  # the same, of the checkpoint restored
         self.restore_report: RestoreReport | None = None
-        self.next_counters: dict[str, int | None] = {}  # the next step's counters, for the resume proof (Keras)
+        # What the next save records for the resume proof (client/engine/proof.py): the next step's counters
+        # and what the data objects in `watched_data` lead to (Keras' callback sets them).
+        self.next_counters: dict[str, int | None] = {}
+        self.next_data: dict[str, Any] = {}
+        self.watched_data: set[str] = set()
         self._staging_warm_up: threading.Thread | None = None
 
     @property
@@ -145,6 +144,18 @@ class CheckpointManager(LoopManager):
         self.restored_epoch_rng = metadata.get(EPOCH_RNG)
         self.restored_data_iterations = metadata.get(DATA_ITERATIONS)
 
+    def _watchable(self) -> set[str]:
+        return set(self.watched_data)
+
+    def _unobservable(self) -> str | None:
+        if self.watched_data:
+            return None
+        return (
+            "ckptstore does not see the batches a TensorFlow loop draws, nor Keras' fit on this backend or "
+            "strategy (tf.data iterators are restored by TensorFlow, `data=` declares how a loop picks them: "
+            "compared, not observed)"
+        )
+
     def _live_fingerprint(self, arrays: Mapping[str, np.ndarray], metadata: Mapping[str, Any]) -> dict[str, Any]:
         with _strategy_scope(self.objects):
             _build_optimizers(self._holders)
@@ -175,7 +186,8 @@ class CheckpointManager(LoopManager):
         described = describe(variables)
         metadata: dict[str, Any] = {
             "variables": described,
-            FINGERPRINT_KEY: self._fingerprint(described) | {PROOF_KEY: recorded(counters=self.next_counters)},
+            FINGERPRINT_KEY: self._fingerprint(described)
+            | {PROOF_KEY: recorded(counters=self.next_counters, next_ids=self.next_data)},
             RNG: global_rng.capture(),
         }
         if self.epoch_rng is not None:

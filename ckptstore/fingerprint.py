@@ -5,7 +5,7 @@ framework and its versions, the world size and rank, the seed, every object's ty
 (names, shapes, dtypes), the optimizer's type and parameter coverage, and the data position as far
 as ckptstore can see it (loader and sampler type, batch size, dataset length, seed). A restore
 builds the same record from the live objects and `differences` names everything that differs. That
-compares what the code declares; a resume is `exact` only once its proof (client/engine/proof.py:
+compares what the code declares; a resume is `exact` only once its proof (client/audit/proof.py:
 what the resumed run draws and counts first, against what the saved run would have) agrees, and
 `unverified` where the data cannot be observed. Framework clients build the records (client/);
 this module only compares them.

@@ -42,10 +42,10 @@ from torch.utils.data import Sampler
 from transformers import TrainerCallback
 
 from ckptstore import Position
-from ckptstore.client.engine.audit import audit_restored
+from ckptstore.client.audit.declared import audit_restored
+from ckptstore.client.audit.proof import PROOF_KEY, ResumeProof, recorded, start_proof
 from ckptstore.client.engine.node import NodeCheckpointer
 from ckptstore.client.engine.options import CheckpointOptions
-from ckptstore.client.engine.proof import PROOF_KEY, ResumeProof, recorded, start_proof
 from ckptstore.client.engine.restore import restore_in_one_pass
 from ckptstore.client.torch.fingerprint import fingerprint
 from ckptstore.client.torch.manager import ranks_node
@@ -233,7 +233,7 @@ class BackupAndRestore(TrainerCallback):
         self._steps_per_epoch = 1
         self._length: int | None = None
         self._resumed: _Resumed | None = None
-        self.proof: ResumeProof | None = None  # the resume's proof (client/engine/proof.py), settled at the first step
+        self.proof: ResumeProof | None = None  # the resume's proof (client/audit/proof.py), settled at the first step
 
     def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         trainer = _calling_trainer()

@@ -27,11 +27,11 @@ import jax
 import numpy as np
 
 from ckptstore import Position
-from ckptstore.client.engine.audit import declared_data
+from ckptstore.client.audit.declared import declared_data
+from ckptstore.client.audit.proof import PROOF_KEY, recorded
 from ckptstore.client.engine.cadence import SaveEvery
 from ckptstore.client.engine.manager import LoopManager
 from ckptstore.client.engine.options import CheckpointOptions
-from ckptstore.client.engine.proof import PROOF_KEY, recorded
 from ckptstore.fingerprint import FINGERPRINT_KEY
 
 __all__ = ["CheckpointManager"]
@@ -86,7 +86,7 @@ class CheckpointManager(LoopManager):
     `data`: how the loop picks its batches from (epoch, batch) — `seed`, `batch_size`, `length`,
     `shuffle` — recorded with every save and compared at every resume (the resume audit: a change is
     drift). ckptstore does not see the batches the loop draws, so a resume that declares no change is
-    `unverified`, not `exact` (client/engine/proof.py).
+    `unverified`, not `exact` (client/audit/proof.py).
     """
 
     def _unobservable(self) -> str | None:

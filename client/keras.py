@@ -26,9 +26,9 @@ import keras
 import numpy as np
 
 from ckptstore import Position
+from ckptstore.client.audit.proof import BATCH_BEFORE
 from ckptstore.client.engine.node import NodeCheckpointer
 from ckptstore.client.engine.options import CheckpointOptions
-from ckptstore.client.engine.proof import BATCH_BEFORE
 from ckptstore.client.tensorflow import global_rng
 from ckptstore.client.tensorflow.manager import CheckpointManager
 from ckptstore.errors import CkptStoreError

@@ -42,10 +42,10 @@ import lightning.pytorch as pl
 import torch
 
 from ckptstore import Position
-from ckptstore.client.engine.audit import audit_restored
+from ckptstore.client.audit.declared import audit_restored
+from ckptstore.client.audit.proof import PROOF_KEY, ResumeProof, recorded, start_proof
 from ckptstore.client.engine.node import NodeCheckpointer
 from ckptstore.client.engine.options import CheckpointOptions
-from ckptstore.client.engine.proof import PROOF_KEY, ResumeProof, recorded, start_proof
 from ckptstore.client.engine.restore import restore_in_one_pass
 from ckptstore.client.torch.distributed import DistributedLoaderPosition, is_distributed_loader
 from ckptstore.client.torch.fingerprint import fingerprint
@@ -102,7 +102,7 @@ class BackupAndRestore(pl.Callback):
         self._save_at_epoch_end = False  # a save due at an epoch's last batch: taken at the epoch's end
         self._counts: list[DistributedLoaderPosition | None] = []  # per training loader over a DistributedSampler
         self._renumbered: tuple[int, int] | None = None  # (epoch, positions' batch minus Lightning's) when resumed
-        self.proof: ResumeProof | None = None  # the resume's proof (client/engine/proof.py), settled at the first step
+        self.proof: ResumeProof | None = None  # the resume's proof (client/audit/proof.py), settled at the first step
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage != "fit":

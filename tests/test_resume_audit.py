@@ -162,7 +162,7 @@ def test_ckptstore_diff_names_what_changed_between_two_positions(tmp_path, sqlit
 
 def test_ckptstore_diff_of_two_positions_of_one_unchanged_run_finds_nothing(tmp_path, capsys):
     """Two positions of one run have different next samples by construction: diff compares what they
-    share, and says the same run (exit 0); the resume audit still compares the next samples."""
+    share, and says the same run (exit 0); what each leads to is recorded for the resume proof."""
     from ckptstore.client.cli.main import main
     from ckptstore.fingerprint import differences
 
@@ -184,7 +184,9 @@ def test_ckptstore_diff_of_two_positions_of_one_unchanged_run_finds_nothing(tmp_
     assert main(["diff", job, *(store.location(copy) for copy in copies)]) == 0
     assert "the same run" in capsys.readouterr().out
     fingerprints = [store.manifest(copy).metadata["fingerprint"] for copy in copies]
-    assert any("next sample indices differ" in d for d in differences(*fingerprints)), "a resume still compares them"
+    assert differences(*fingerprints) == []
+    upcoming = [fingerprint["proof"]["next"]["data"] for fingerprint in fingerprints]
+    assert upcoming[0] and upcoming[1] and upcoming[0][:8] != upcoming[1][:8], "each position's own next samples"
 
 
 def test_a_world_size_change_and_a_rank_without_its_own_rng_are_named():
@@ -227,8 +229,8 @@ def test_a_generator_given_to_the_loader_since_the_save_is_named():
     def loader(generator):
         return StatefulDataLoader(dataset, batch_size=4, sampler=ResumableSampler(dataset), generator=generator)
 
-    saved = {"data": {"data": data_fingerprint(loader(None), None)}}
-    live = {"data": {"data": data_fingerprint(loader(torch.Generator()), None)}}
+    saved = {"data": {"data": data_fingerprint(loader(None))}}
+    live = {"data": {"data": data_fingerprint(loader(torch.Generator()))}}
     assert differences(saved, live) == ["data (data): generators (its own, its sampler's) 0 → 1"]
 
 

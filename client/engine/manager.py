@@ -13,13 +13,13 @@ from typing import Any
 import numpy as np
 
 from ckptstore import Position, tracing
-from ckptstore.client.engine.audit import audit, judged
+from ckptstore.client.audit.declared import audit, judged
+from ckptstore.client.audit.proof import ResumeProof, start_proof
 from ckptstore.client.engine.cadence import SaveCadence, SaveEvery
 from ckptstore.client.engine.identity import NodeIdentity
 from ckptstore.client.engine.node import NodeCheckpointer
 from ckptstore.client.engine.options import CheckpointOptions
 from ckptstore.client.engine.preemption import PreemptionNotice
-from ckptstore.client.engine.proof import ResumeProof, start_proof
 from ckptstore.client.engine.restore import Restorer, restore_in_one_pass
 from ckptstore.client.engine.staging import snapshot_arrays
 from ckptstore.copies import Restored
@@ -56,7 +56,7 @@ class LoopManager:
             log.warning("save_every='auto' follows the service's advice and there is no service: it saves each epoch")
         self.resume_position: Position | None = None
         self._declared: ResumeAudit | None = None  # the last restore's declared audit
-        self.proof: ResumeProof | None = None  # its proof (client/engine/proof.py), settled at the first step
+        self.proof: ResumeProof | None = None  # its proof (client/audit/proof.py), settled at the first step
         # Whether a framework adapter tells the proof when the first step begins (Keras' callback): then
         # the loop's between-batch calls do not settle it.
         self.steps_reported = False
@@ -157,7 +157,7 @@ class LoopManager:
         return self._declared
 
     def _audit(self, restored: Restored) -> None:
-        """The restore's resume audit (client/engine/audit.py) and its proof (client/engine/proof.py);
+        """The restore's resume audit (client/audit/declared.py) and its proof (client/audit/proof.py);
         under resume_check="raise" a drift, or a mid-epoch resume nothing can verify, refuses here,
         before anything is assigned."""
         self.proof = self._declared = None

@@ -31,7 +31,7 @@ import numpy as np
 
 from ckptstore import AccessReport, CheckpointRef, CopyKey, Position, Store, tracing
 from ckptstore.agreement import disagreement_of
-from ckptstore.client.engine.audit import said
+from ckptstore.client.audit.declared import said
 from ckptstore.client.engine.exit_codes import install_exit_codes
 from ckptstore.client.engine.fork import restore_fork
 from ckptstore.client.engine.fresh_start import (

@@ -23,10 +23,10 @@ from typing import Any
 import numpy as np
 
 from ckptstore import Position
-from ckptstore.client.engine.audit import declared_data
+from ckptstore.client.audit.declared import declared_data
+from ckptstore.client.audit.proof import PROOF_KEY, recorded
 from ckptstore.client.engine.manager import LoopManager
 from ckptstore.client.engine.options import CheckpointOptions
-from ckptstore.client.engine.proof import PROOF_KEY, recorded
 from ckptstore.client.engine.staging import prepare_staging
 from ckptstore.client.tensorflow import global_rng
 from ckptstore.client.tensorflow.data import is_iterator, iterator_fingerprint, iterator_state, restore_iterator
@@ -107,7 +107,7 @@ class CheckpointManager(LoopManager):
         self.data_iterations: int | None = None  # iterators of fit's dataset made before the data saved (Keras)
         self.restored_data_iterations: int | None = None  # the same, of the checkpoint restored
         self.restore_report: RestoreReport | None = None
-        # What the next save records for the resume proof (client/engine/proof.py): the next step's counters
+        # What the next save records for the resume proof (client/audit/proof.py): the next step's counters
         # and what the data objects in `watched_data` lead to (Keras' callback sets them).
         self.next_counters: dict[str, int | None] = {}
         self.next_data: dict[str, Any] = {}

@@ -32,7 +32,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 from ckptstore import Position
 
-__all__ = ["DistributedLoaderPosition", "is_distributed_loader"]
+__all__ = ["DistributedLoaderPosition", "is_distributed_loader", "epoch_order"]
 
 
 def is_distributed_loader(obj: Any) -> bool:

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
-from ckptstore.client.engine.proof import GLOBAL_ORDER
+from ckptstore.client.audit.proof import GLOBAL_ORDER
 from ckptstore.client.torch.distributed import DistributedLoaderPosition, epoch_order
 from ckptstore.client.torch.sampler import ResumableSampler, ResumableSamplerLoader
 

@@ -30,11 +30,11 @@ import torch
 
 from ckptstore import Position
 from ckptstore.agreement import unchecked_metadata
+from ckptstore.client.audit.proof import PROOF_KEY, ResumeProof, recorded
 from ckptstore.client.engine.cadence import SaveEvery
 from ckptstore.client.engine.identity import NodeIdentity
 from ckptstore.client.engine.manager import LoopManager
 from ckptstore.client.engine.options import CheckpointOptions
-from ckptstore.client.engine.proof import PROOF_KEY, ResumeProof, recorded
 from ckptstore.client.torch.distributed import DistributedLoaderPosition, is_distributed_loader
 from ckptstore.client.torch.fingerprint import fingerprint, is_data
 from ckptstore.client.torch.loaders import (

@@ -1,6 +1,6 @@
 """The resume proof: what the resumed run does, checked against what the saved run would have done next.
 
-The audit (client/engine/audit.py) compares what the code declares — types, shapes, seeds, loader
+The audit (client/audit/declared.py) compares what the code declares — types, shapes, seeds, loader
 settings. That is not a proof: a pipeline that replays another order, a loop that skips an epoch,
 an iterator that was never put back all declare the same. So each save also records, in its
 fingerprint under PROOF_KEY, what the run would do next: the ids of the samples each data object
@@ -24,7 +24,7 @@ import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from ckptstore.client.engine.audit import AuditedNode, refuse_drift, said
+from ckptstore.client.audit.declared import AuditedNode, refuse_drift, said
 from ckptstore.fingerprint import FINGERPRINT_KEY
 from ckptstore.wire.schema import ResumeAudit
 

@@ -86,3 +86,13 @@ def damage_own_blob(storage: str, job: str, newest: Position, previous: Position
     data[-3] ^= 0x10
     with open(path, "wb") as handle:
         handle.write(bytes(data))
+
+
+def settled_verdict(output: str) -> str:
+    """A resume's settled verdict (`exact`, `resharded`, `drift`, `unverified`): its proof's line where
+    there is one, else the resume line's."""
+    said = [line.split("resume audit: ", 1)[1] for line in output.splitlines() if "resume audit: " in line]
+    assert said, f"no resume audit said: {output[-2000:]}"
+    settled = [s for s in said if not s.startswith("the declared state matches")] or said
+    last = settled[-1]
+    return "drift" if last.startswith("DRIFT") else re.split(r"[ ,(:—]", last, maxsplit=1)[0]

@@ -9,7 +9,7 @@ import uuid
 import numpy as np
 import pytest
 
-from tests.job_runs import documented_block, run_job
+from tests.job_runs import documented_block, run_job, settled_verdict
 
 
 def run_block(tmp_path, block: str, job: str, kill_at: int | None = None) -> tuple[str, dict[str, np.ndarray]]:
@@ -30,7 +30,9 @@ def test_a_documented_loop_killed_mid_epoch_resumes_bit_exactly(block, tmp_path)
     kill_at = int(np.random.default_rng().integers(*((12, 17) if block == "jax-loop" else (18, 25))))
     run_block(tmp_path, block, job, kill_at=kill_at)
     stderr, resumed = run_block(tmp_path, block, job)
-    assert "resumed from epoch 1 batch" in stderr and "resume audit: exact" in stderr, stderr[-2000:]
+    # A TensorFlow or JAX loop's batches are not seen (unverified, never exact); the torch loop's are.
+    proven = "unverified" if block in ("tf-loop", "jax-loop") else "exact"
+    assert "resumed from epoch 1 batch" in stderr and settled_verdict(stderr) == proven, stderr[-2000:]
     assert sorted(resumed) == sorted(baseline)
     for key, want in baseline.items():
         assert resumed[key].tobytes() == want.tobytes(), key

@@ -15,6 +15,7 @@ import pytest
 from ckptstore import Position, Store
 from ckptstore.client.torch.distributed import rest_of_epoch
 from ckptstore.names import attempt_sort_key
+from tests.job_runs import settled_verdict
 from tests.test_torch import assert_bit_equal, final, ranks
 
 
@@ -146,8 +147,9 @@ def test_a_trainer_restarted_on_another_world_size_trains_every_sample_once(
     elastic_ranks(tmp_path, before, "killed", *common, "--kill-at", str(kill_at), killed=True, module=module)
     outputs = elastic_ranks(tmp_path, after, "resumed", *common, module=module)
     assert {o.split("\nSTDERR ")[0].splitlines()[-1] for o in outputs} == {f"RESUMED 0 {resumed}"}
-    said = "resume audit: exact" if before == after else "resume audit: resharded"
-    assert all(said in o for o in outputs), outputs[0][-3000:]
+    # Lightning's DistributedSampler loaders are watched; the HF Trainer's batches are not (its step is).
+    said = "unverified" if framework == "hf" else "exact" if before == after else "resharded"
+    assert all(settled_verdict(o) == said for o in outputs), outputs[0][-3000:]
     assert before == after or all(f"saved by {before} process(es), restoring into {after}" in o for o in outputs)
     kept = [i for r in trained_in(tmp_path, "killed") if r["epoch"] == 0 and r["batch"] < resumed for i in r["indices"]]
     rest = [i for r in trained_in(tmp_path, "resumed") if r["epoch"] == 0 for i in r["indices"]]

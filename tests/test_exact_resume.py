@@ -13,6 +13,7 @@ import pytest
 
 pytest.importorskip("torch", reason="the [torch] extra is not installed")
 
+from tests.job_runs import settled_verdict  # noqa: E402
 from tests.test_torch import assert_bit_equal, final, ranks, run_job  # noqa: E402
 
 PIPELINES = ["docs", "shuffle", "shuffle-gen", "plain", "stateful", "unsaved"]
@@ -27,13 +28,6 @@ UNVERIFIED = {("unsaved", point) for point in KILL_POINTS} | {
     ("shuffle-gen", "after-epoch-end"),
 }
 _BASELINES: dict[str, dict[str, np.ndarray]] = {}
-
-
-def verdict_of(output: str) -> str:
-    """The resume's settled verdict: the proof's line where there is one, else the resume line's."""
-    lines = [line for line in output.splitlines() if "resume audit:" in line]
-    said = lines[-1].split("resume audit: ", 1)[1]
-    return "drift" if said.startswith("DRIFT") else said.split(",")[0].split(" ")[0]
 
 
 def bit_equal(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> bool:
@@ -51,7 +45,7 @@ def test_exact_is_said_only_of_a_bit_exact_resume_and_every_bit_exact_one_is_not
     run_job(tmp_path, *args, *job, "--kill-epoch", str(epoch), "--kill-batch", str(batch), killed=True)
     resumed = run_job(tmp_path, *args, *job)
     assert resumed.splitlines()[0] == (f"RESUMED 1 {batch - batch % 3}" if batch else "RESUMED 1 None"), resumed
-    verdict, exact = verdict_of(resumed), bit_equal(final(resumed), _BASELINES[pipeline])
+    verdict, exact = settled_verdict(resumed), bit_equal(final(resumed), _BASELINES[pipeline])
     assert not (verdict == "exact" and not exact), f"a false exact: {resumed}"
     assert not (exact and verdict == "drift"), f"a false drift: {resumed}"
     assert verdict == ("unverified" if (pipeline, where) in UNVERIFIED else "exact"), resumed

@@ -36,7 +36,8 @@ def test_a_trainer_killed_mid_epoch_on_a_machine_that_is_gone_resumes_bit_exactl
     shutil.rmtree(tmp_path / "hf-output")  # the Trainer's own checkpoint folders are gone
     stderr, final = run(tmp_path, "killed")
     assert resumed_position(stderr) >= Position(1, 3), stderr[-2000:]
-    assert "resume audit: exact" in stderr, stderr[-2000:]
+    # The Trainer's own loop draws the batches: its global step is checked, its data not seen.
+    assert "resume audit: unverified" in stderr and "the first step's counters (global_step" in stderr, stderr[-2000:]
     assert_same(final, uninterrupted, at_least=50)
 
 

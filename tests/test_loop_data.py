@@ -15,6 +15,7 @@ keras = pytest.importorskip("keras")
 tf = pytest.importorskip("tensorflow")
 
 from ckptstore.client.tensorflow import CheckpointManager  # noqa: E402
+from ckptstore.errors import ResumeDriftError  # noqa: E402
 
 SAMPLES, BATCH, EPOCHS = 64, 8, 2
 BATCHES = SAMPLES // BATCH
@@ -27,12 +28,20 @@ def batch_at(epoch: int, batch: int, size: int = BATCH) -> tuple[np.ndarray, np.
     return x, x.sum(axis=1, keepdims=True)
 
 
-def train(root: str, job: str, *, stop_at: tuple[int, int] | None = None, data=None, size: int = BATCH):
+def train(
+    root: str,
+    job: str,
+    *,
+    stop_at: tuple[int, int] | None = None,
+    data=None,
+    size: int = BATCH,
+    resume_check: str = "warn",
+):
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(1)])
     optimizer = keras.optimizers.Adam(1e-2)
     manager = CheckpointManager(objects={"model": model, "optimizer": optimizer}, storage=root, job=job, node="n0",
-                                async_save=False, data=data)  # fmt: skip
+                                async_save=False, data=data, resume_check=resume_check)  # fmt: skip
     start = manager.restore_or_initialize()
     first = manager.first_batch(start)
     for epoch in range(start, EPOCHS):
@@ -53,21 +62,26 @@ def train(root: str, job: str, *, stop_at: tuple[int, int] | None = None, data=N
 DECLARED = {"seed": 7, "batch_size": BATCH, "length": SAMPLES, "shuffle": True}
 
 
-def test_a_declared_loop_resumes_mid_epoch_audited_exact_and_bit_equal(tmp_path):
+def test_a_declared_loop_resumes_mid_epoch_bit_equal_and_unverified_never_exact(tmp_path):
+    """`data=` is compared, not observed: the proof cannot see the loop's batches."""
     _, want = train(str(tmp_path / "base"), "base", data=DECLARED)
     root, job = str(tmp_path / "ckpt"), f"loop-{uuid.uuid4().hex[:6]}"
     train(root, job, stop_at=(1, 3), data=DECLARED)
     manager, got = train(root, job, data=DECLARED)
-    assert manager.audit.verdict == "exact", manager.audit
+    assert manager.audit.verdict == "unverified", manager.audit
+    assert any("does not see the batches a TensorFlow loop draws" in d for d in manager.audit.differences)
     assert all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))
 
 
-def test_without_data_the_same_resume_is_not_called_exact(tmp_path):
+def test_without_data_the_same_resume_is_not_called_exact_and_is_refused_mid_epoch_under_raise(tmp_path):
     root, job = str(tmp_path / "ckpt"), f"loop-{uuid.uuid4().hex[:6]}"
     train(root, job, stop_at=(1, 3))
     manager, _ = train(root, job)
-    assert manager.audit.verdict == "drift"
-    assert any("cannot see the data position" in d for d in manager.audit.differences)
+    assert manager.audit.verdict == "unverified"
+    refused = f"loop-{uuid.uuid4().hex[:6]}"
+    train(root, refused, stop_at=(1, 3))
+    with pytest.raises(ResumeDriftError, match="a mid-epoch resume it cannot verify"):
+        train(root, refused, resume_check="raise")
 
 
 def test_a_declared_batch_size_that_changed_is_named(tmp_path):

@@ -14,6 +14,7 @@ import pytest
 
 from ckptstore import Position, Store
 from tests.builders import assert_bit_equal
+from tests.job_runs import settled_verdict
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -42,11 +43,19 @@ def final_state(stdout: str) -> dict[str, np.ndarray]:
 
 
 CASES = {
-    # name: (extra args, kill epoch, kill batch, expected resume line)
-    "keras-epoch": (["--mode", "keras"], 3, 5, "RESUMED 2 None"),
-    "keras-every-4-batches": (["--mode", "keras", "--save-freq", "4"], 3, 6, "RESUMED 3 4"),
-    "keras-every-4-batches-spe-2": (["--mode", "keras", "--save-freq", "4", "--spe", "2"], 3, 6, "RESUMED 3 4"),
-    "custom-loop": (["--mode", "loop"], 3, 5, "RESUMED 2 None"),
+    # name: (extra args, kill epoch, kill batch, expected resume line, the resume proof's verdict): fit's
+    # batches are seen mid-epoch (the one before the position, drawn again); from an epoch's end, and in
+    # a custom loop, they are not (unverified, never exact).
+    "keras-epoch": (["--mode", "keras"], 3, 5, "RESUMED 2 None", "unverified"),
+    "keras-every-4-batches": (["--mode", "keras", "--save-freq", "4"], 3, 6, "RESUMED 3 4", "exact"),
+    "keras-every-4-batches-spe-2": (
+        ["--mode", "keras", "--save-freq", "4", "--spe", "2"],
+        3,
+        6,
+        "RESUMED 3 4",
+        "exact",
+    ),
+    "custom-loop": (["--mode", "loop"], 3, 5, "RESUMED 2 None", "unverified"),
 }
 _baselines: dict[str, dict[str, np.ndarray]] = {}
 
@@ -68,7 +77,7 @@ def baseline(tmp_path, args: list[str], backend: str = "tensorflow") -> dict[str
 
 @pytest.mark.parametrize("case", CASES)
 def test_killed_and_resumed_training_is_bit_equal_to_uninterrupted(tmp_path, sqlite_service, case):
-    args, kill_epoch, kill_batch, expected = CASES[case]
+    args, kill_epoch, kill_batch, expected, verdict = CASES[case]
     if args[1] == "keras" and "--spe" not in args:
         args = [*args, "--spe", "1"]
     common = job_args(sqlite_service.storage, f"{case}-{uuid.uuid4().hex[:8]}", *args, service=sqlite_service.live.url)
@@ -76,7 +85,7 @@ def test_killed_and_resumed_training_is_bit_equal_to_uninterrupted(tmp_path, sql
     resumed = run_job(tmp_path, *common, "--shift-names")
     assert resumed.splitlines()[0] == expected
     assert f"ckptstore: {common[common.index('--job') + 1]}/n0 resumed from " in resumed, "the resume is visible"
-    assert "resume audit: exact" in resumed
+    assert settled_verdict(resumed) == verdict, resumed[-2000:]
     if expected.endswith(" 4"):
         assert "epoch 3 (Keras' 4): its first 4 batches were trained before the restart and are skipped" in resumed
     assert_bit_equal(final_state(resumed), baseline(tmp_path, args))
@@ -92,7 +101,7 @@ def test_keras_on_the_jax_and_pytorch_backends_resumes_mid_epoch_bit_equal(tmp_p
     resumed = run_job(tmp_path, *common, backend=backend)
     assert resumed.splitlines()[0] == "RESUMED 3 4"
     assert "its first 4 batches were trained before the restart and are skipped" in resumed
-    assert "resume audit: exact" in resumed
+    assert settled_verdict(resumed) == "unverified", "fit's batches are not seen on this backend"
     assert_bit_equal(final_state(resumed), baseline(tmp_path, args, backend))
 
 
@@ -102,7 +111,7 @@ def test_keras_as_users_write_it_shuffled_with_unseeded_dropout_resumes_bit_equa
     tmp_path, sqlite_service, backend, kill
 ):
     """The keras.io shape: fit(shuffle=True) — the torch backend shuffles with torch's global RNG, JAX's
-    with numpy's — and Dropout without a seed (on torch: torch's global RNG). Exact, and audited exact."""
+    with numpy's — and Dropout without a seed (on torch: torch's global RNG). Exact; proven exact where fit's batches are seen."""
     args = ["--mode", "keras", "--save-freq", "4", "--as-users-write"]
     common = job_args(
         sqlite_service.storage, f"{backend}-{uuid.uuid4().hex[:8]}", *args, service=sqlite_service.live.url
@@ -110,7 +119,8 @@ def test_keras_as_users_write_it_shuffled_with_unseeded_dropout_resumes_bit_equa
     run_job(tmp_path, *common, "--kill-epoch", str(kill[0]), "--kill-batch", str(kill[1]), killed=True, backend=backend)
     resumed = run_job(tmp_path, *common, backend=backend)
     assert resumed.splitlines()[0] == ("RESUMED 3 4" if kill[1] else "RESUMED 1 None")
-    assert "resume audit: exact" in resumed
+    seen = backend == "tensorflow" and kill[1] > 0  # the batch before a mid-epoch position, drawn again
+    assert settled_verdict(resumed) == ("exact" if seen else "unverified"), resumed[-2000:]
     assert_bit_equal(final_state(resumed), baseline(tmp_path, args, backend))
 
 

@@ -43,7 +43,7 @@ import torch
 
 from ckptstore import Position
 from ckptstore.client.audit.declared import audit_restored
-from ckptstore.client.audit.proof import PROOF_KEY, ResumeProof, recorded, start_proof
+from ckptstore.client.audit.proof import BATCH_BEFORE, PROOF_KEY, ResumeProof, recorded, start_proof
 from ckptstore.client.engine.node import NodeCheckpointer
 from ckptstore.client.engine.options import CheckpointOptions
 from ckptstore.client.engine.restore import restore_in_one_pass
@@ -53,6 +53,7 @@ from ckptstore.client.torch.loaders import (
     generator_states,
     is_loader,
     next_ids,
+    record_batches,
     set_generator_states,
     watch_first_draws,
 )
@@ -103,6 +104,8 @@ class BackupAndRestore(pl.Callback):
         self._counts: list[DistributedLoaderPosition | None] = []  # per training loader over a DistributedSampler
         self._renumbered: tuple[int, int] | None = None  # (epoch, positions' batch minus Lightning's) when resumed
         self.proof: ResumeProof | None = None  # the resume's proof (client/audit/proof.py), settled at the first step
+        self._drawn: list[list[list[int]]] = []  # per training loader, the ids of each batch its iterator took
+        self._before: dict[str, int] = {}  # plain loaders the proof checks: their batch before the position
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage != "fit":
@@ -152,7 +155,12 @@ class BackupAndRestore(pl.Callback):
         """The resume's proof, once the training loaders are set up: the first step's counters, and the
         first ids each loader over a DistributedSampler hands out (what a plain loader draws is not seen)."""
         assert self.checkpointer is not None
+        loaders = _training_loaders(trainer)
         watched = {f"loader{i}": count for i, count in enumerate(self._counts) if count is not None}
+        if not watched:  # one device: a StatefulDataLoader reports its first ids, a plain one the batch before
+            watched = {f"loader{i}": loader for i, loader in enumerate(loaders) if is_stateful(loader)}
+            self._before = {f"loader{i}": i for i, loader in enumerate(loaders) if not is_stateful(loader)}
+            self._before = self._before if self._resumed_mid_epoch else {}
         self.proof = start_proof(
             report,
             restored.checkpoint.manifest.metadata,
@@ -160,12 +168,8 @@ class BackupAndRestore(pl.Callback):
             self.options.resume_check,
             mid_epoch=self._resumed_mid_epoch,
             world=(trainer.world_size, trainer.global_rank),
-            watched=watched,
+            watched=set(watched) | set(self._before),
             counting=True,
-            unobservable=None
-            if watched
-            else "ckptstore does not see what a training loader without a DistributedSampler draws (strategy='ddp' "
-            "puts one in)",
         )
         proof = self.proof
         if proof is None or proof.settled:
@@ -228,13 +232,16 @@ class BackupAndRestore(pl.Callback):
 
     def _record_epoch_rng(self, loaders: list[Any]) -> None:
         """Keep the generators as they are each time a training loader's iterator is made (each epoch):
-        a mid-epoch save carries them, so a plain loader's epoch can be drawn again on a restart."""
-        for loader in loaders:
+        a mid-epoch save carries them, so a plain loader's epoch can be drawn again on a restart. And
+        keep the ids of the batches each iterator takes (`_drawn`): the resume proof's evidence."""
+        self._drawn = [[] for _ in loaders]
+        for loader, drawn in zip(loaders, self._drawn, strict=True):
             make_iterator = loader._get_iterator
 
-            def recording(make_iterator: Any = make_iterator) -> Any:
+            def recording(make_iterator: Any = make_iterator, drawn: list[list[int]] = drawn) -> Any:
                 self._epoch_rng = rng_state()
-                return make_iterator()
+                drawn.clear()
+                return record_batches(make_iterator, drawn)
 
             loader._get_iterator = recording
 
@@ -263,6 +270,9 @@ class BackupAndRestore(pl.Callback):
 
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, index: int) -> None:
         if self.proof is not None and not self.proof.settled:
+            for name, i in self._before.items():  # drawn again and skipped: the last of them
+                if 0 < index <= len(self._drawn[i]):
+                    self.proof.drawn(name, self._drawn[i][index - 1])
             self.proof.step({"epoch": trainer.current_epoch, "batch": index, "global_step": trainer.global_step})
         if self._pending_rng is not None:
             set_rng_state(self._pending_rng)
@@ -290,17 +300,37 @@ class BackupAndRestore(pl.Callback):
             self._save_at_epoch_end = False
             self._save(trainer, Position(trainer.current_epoch), next_batch=0)
 
-    def _proof_record(self, trainer: pl.Trainer, position: Position, next_batch: int) -> dict[str, Any]:
+    def _proof_record(
+        self, trainer: pl.Trainer, position: Position, next_batch: int, checkpoint: dict[str, Any]
+    ) -> dict[str, Any]:
         """What the proof of a resume from `position` checks: Lightning's counters for the next step
-        (`next_batch`: its batch number there) and the next ids of each loader over a DistributedSampler."""
-        upcoming = {}
+        (`next_batch`: its batch number there) and what each training loader leads to (`checkpoint`:
+        the one being saved, its loaders' states in it)."""
+        fit_loop = checkpoint.get("loops", {}).get("fit_loop", {}).get("state_dict", {})
+        loader_states = fit_loop.get("combined_loader") or []
+        upcoming: dict[str, Any] = {}
         for i, count in enumerate(self._counts):
             ids = None if count is None else next_ids(count, count.state_dict())
             if ids is not None:
                 upcoming[f"loader{i}"] = ids
+        if not upcoming and not position.is_end_of_epoch:
+            upcoming = self._next_on_one_device(trainer, next_batch, loader_states)
         epoch = position.epoch + 1 if position.is_end_of_epoch else position.epoch
         counters = {"epoch": epoch, "batch": next_batch, "global_step": trainer.global_step}
         return recorded(counters=counters, next_ids=upcoming)
+
+    def _next_on_one_device(self, trainer: pl.Trainer, next_batch: int, states: list[Any]) -> dict[str, Any]:
+        """Mid-epoch, for loaders without a DistributedSampler: a StatefulDataLoader's next ids (from the
+        state Lightning saves of it), a plain loader's batch trained last (its resume draws it again)."""
+        upcoming: dict[str, Any] = {}
+        for i, loader in enumerate(_training_loaders(trainer)):
+            if is_stateful(loader) and i < len(states):
+                ids = next_ids(loader, states[i])
+                if ids is not None:
+                    upcoming[f"loader{i}"] = ids
+            elif i < len(self._drawn) and 0 < next_batch <= len(self._drawn[i]):
+                upcoming[f"loader{i}"] = {BATCH_BEFORE: self._drawn[i][next_batch - 1]}
+        return upcoming
 
     def _save(self, trainer: pl.Trainer, position: Position, *, next_batch: int) -> None:
         assert self.checkpointer is not None, "setup runs first"
@@ -321,7 +351,7 @@ class BackupAndRestore(pl.Callback):
         # Async saves write in the background: from copies, since training goes on changing the tensors.
         copies = {name: array.copy() for name, array in arrays.items()} if self.options.async_save else arrays
         described = _fingerprint(trainer, trainer.lightning_module)
-        described[PROOF_KEY] = self._proof_record(trainer, position, next_batch)
+        described[PROOF_KEY] = self._proof_record(trainer, position, next_batch, checkpoint)
         metadata = {TREE_KEY: json.dumps(tree), FINGERPRINT_KEY: described}
         self.checkpointer.save(position, copies, step=trainer.global_step, metadata=metadata)
 

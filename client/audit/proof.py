@@ -132,7 +132,8 @@ class ResumeProof:
             return
         record = self.expected[name]
         if isinstance(record, Mapping) and BATCH_BEFORE in record:
-            self._batch_before(name, int(ids[0]), record[BATCH_BEFORE])
+            saved = record[BATCH_BEFORE]  # a batch's ids, or the digest of its values
+            self._batch_before(name, [int(i) for i in ids] if isinstance(saved, list) else int(ids[0]), saved)
             return
         expected, start = self._expected_ids(name), self.seen.get(name, 0)
         ids = [int(i) for i in ids][: max(0, len(expected) - start)]
@@ -146,12 +147,17 @@ class ResumeProof:
         self.seen[name] = start + len(ids)
         self.evidence[name] = f"the first {self.seen[name]} sample ids {name} handed out"
 
-    def _batch_before(self, name: str, drawn: int, saved: Any) -> None:
+    def _batch_before(self, name: str, drawn: Any, saved: Any) -> None:
         """The batch before the resumed position, drawn again after the restore, against the saved run's."""
         if drawn != saved:
+            said = (
+                f"samples {_shown(drawn)}, saved {_shown(saved)}"
+                if isinstance(saved, list)
+                else f"digest {drawn}, saved {saved}"
+            )
             self.found.append(
                 f"data ({name}): the batch before the resumed position, drawn again to skip it, is not the saved "
-                f"run's (digest {drawn}, saved {saved}): the resumed epoch does not draw the saved run's order"
+                f"run's ({said}): the resumed epoch does not draw the saved run's order"
             )
             self.settle()
             return
@@ -187,8 +193,9 @@ class ResumeProof:
                 unseen.append(f"data ({name}): {why_unseen or 'drew nothing before the first step'}")
         if self.found:
             result = ResumeAudit(position=self.declared.position, verdict="drift", differences=self.found)
-        elif unseen:
-            result = ResumeAudit(position=self.declared.position, verdict="unverified", differences=unseen)
+        elif unseen:  # what was declared different (another world size) stays said
+            differences = [*self.declared.differences, *unseen]
+            result = ResumeAudit(position=self.declared.position, verdict="unverified", differences=differences)
         else:
             result = self.declared
         self.result = result

@@ -32,10 +32,12 @@ __all__ = [
     "data_fingerprint",
     "next_ids",
     "watch_first_draws",
+    "record_batches",
     "NEXT_INDICES",
 ]
 
 NEXT_INDICES = 64  # how many of the next sample ids a save records for the resume proof (per rank)
+_LISTENERS = "_ckptstore_listeners"  # an iterator's attribute: who is told the ids of each batch it takes
 
 
 def is_loader(obj: Any) -> bool:
@@ -186,35 +188,57 @@ def watch_first_draws(obj: Any, report: Callable[[Sequence[int]], None]) -> bool
     reporter = _Reporter(report)
     make_iterator = [loader._get_iterator]
 
-    def watched_next_index(taken: Callable[[], Any]) -> Any:
-        index = taken()
-        reporter.ids(index)
-        return index
-
     def watched_iterator() -> Any:
         loader.__dict__.pop("_get_iterator", None)
-        # A multi-process iterator takes its first batches' ids while it is made: watched there too.
-        original = _BaseDataLoaderIter._next_index
-        _BaseDataLoaderIter._next_index = lambda self: watched_next_index(lambda: original(self))  # type: ignore[method-assign]
-        try:
-            iterator = make_iterator[0]()
-        finally:
-            _BaseDataLoaderIter._next_index = original  # type: ignore[method-assign]
+        iterator = reporting(make_iterator[0], reporter.ids, lambda: reporter.done)
         make_iterator[0] = loader._get_iterator  # the class's own from now on
         if not reporter.count:  # e.g. a restored iterator whose epoch is over: the loader makes another
             loader._get_iterator = watched_iterator  # type: ignore[method-assign]
-        own = iterator._next_index
-
-        def next_index() -> Any:
-            if reporter.done:
-                del iterator._next_index
-            return watched_next_index(own)
-
-        iterator._next_index = next_index  # type: ignore[method-assign]
         return iterator
 
     loader._get_iterator = watched_iterator  # type: ignore[method-assign]
     return True
+
+
+def record_batches(make_iterator: Callable[[], Any], drawn: list[list[int]]) -> Any:
+    """Make a loader's iterator with `make_iterator`, appending to `drawn` the ids of each batch it takes."""
+    return reporting(make_iterator, lambda ids: drawn.append([int(i) for i in ids]), lambda: False)
+
+
+def reporting(make_iterator: Callable[[], Any], report: Callable[[Any], None], done: Callable[[], bool]) -> Any:
+    """Make a loader's iterator with `make_iterator`, `report` told the ids of each batch it takes from
+    its sampler — in the main process, before a worker fetches them — until `done()`. Several may
+    listen to one iterator (each is told each batch once)."""
+    original = _BaseDataLoaderIter._next_index
+
+    def taking(self: Any) -> Any:  # a multi-process iterator takes its first batches' ids while it is made
+        index = original(self)
+        if not done():
+            report(index)
+        return index
+
+    _BaseDataLoaderIter._next_index = taking  # type: ignore[method-assign]
+    try:
+        iterator = make_iterator()
+    finally:
+        _BaseDataLoaderIter._next_index = original  # type: ignore[method-assign]
+    listeners: list[tuple[Callable[[Any], None], Callable[[], bool]]] = iterator.__dict__.setdefault(_LISTENERS, [])
+    listeners.append((report, done))
+    if len(listeners) == 1:
+
+        def next_index() -> Any:
+            index = type(iterator)._next_index(iterator)  # its class's, whatever was patched while it was made
+            for listener in list(listeners):
+                if listener[1]():
+                    listeners.remove(listener)
+                else:
+                    listener[0](index)
+            if not listeners:
+                del iterator._next_index
+            return index
+
+        iterator._next_index = next_index
+    return iterator
 
 
 class _Reporter:

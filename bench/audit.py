@@ -1,14 +1,18 @@
-"""What the resume audit costs: the fingerprint each save records, and the audit each restore runs,
-against a save's blocked time and a restore's total time, for ≈ 1 GiB of PyTorch state.
+"""What the resume audit and its proof cost: the fingerprint and the proof's record each save
+writes, and the audit and proof each restore runs, against a save's blocked time and a restore's
+total time, for ≈ 1 GiB of PyTorch state and a data loader over `--samples` samples.
 
-    python bench/audit.py [--gib 1] [--reps 5]
+    python bench/audit.py [--gib 1] [--reps 5] [--samples 1000000]
 
 Two layouts of the same bytes: `model_like` (8 large matrices, 200 biases) and 4,000 tensors (a
-deep model's many small parameters: the fingerprint lists each one). Each repetition saves through
-`ckptstore.client.torch.CheckpointManager` (async: the blocked time is what training waits) into a fresh
-directory, then restores it cold into a new manager (page cache dropped where the OS allows). The
-fingerprint and the audit are timed where they run, inside those very calls (their functions
-wrapped with a timer), so the ratios do not rest on two noisy totals. Reports medians.
+deep model's many small parameters: the fingerprint lists each one); beside them, in `objects`, the
+docs loop's DataLoader over a ResumableSampler, mid-epoch. Each repetition saves through
+`ckptstore.client.torch.CheckpointManager` (async: the blocked time is what training waits) into a
+fresh directory, then restores it cold into a new manager (page cache dropped where the OS allows)
+and draws the first batch, where the proof settles. The fingerprint, the proof's record (the next
+sample ids), the audit and the proof (watching the loader, comparing its first ids) are timed where
+they run, inside those very calls (their functions wrapped with a timer), so the ratios do not rest
+on two noisy totals. Reports medians.
 """
 
 from __future__ import annotations
@@ -29,11 +33,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+import ckptstore.client.audit.proof  # noqa: E402
 import ckptstore.client.engine.manager  # noqa: E402
 import ckptstore.client.torch.manager  # noqa: E402
 from bench.save_restore import drop_caches, model_like  # noqa: E402
 from bench.torch_save import Holder  # noqa: E402
-from ckptstore.client.torch import CheckpointManager  # noqa: E402
+from ckptstore.client.torch import CheckpointManager, ResumableSampler  # noqa: E402
 
 
 def many_tensors(total_bytes: int, count: int = 4000) -> dict[str, np.ndarray]:
@@ -58,53 +63,79 @@ class Timed:
         setattr(owner, name, timed)
 
 
-def one(tensors: dict[str, torch.Tensor], root: str, fingerprint: Timed, audit: Timed) -> dict[str, float]:
-    fingerprint.seconds = audit.seconds = 0.0
-    saver = CheckpointManager(objects={"model": Holder(tensors)}, storage=root, job="audit", node="n0")
+def loader(samples: int) -> torch.utils.data.DataLoader:
+    """docs/pytorch.md's loader, over `samples` samples (indices: nothing to fetch but the ids)."""
+    dataset = torch.arange(samples)
+    return torch.utils.data.DataLoader(dataset, batch_size=32, sampler=ResumableSampler(dataset, seed=1))
+
+
+def one(tensors: dict[str, torch.Tensor], root: str, samples: int, timers: dict[str, Timed]) -> dict[str, float]:
+    for timer in timers.values():
+        timer.seconds = 0.0
+    data = loader(samples)
+    saver = CheckpointManager(objects={"model": Holder(tensors), "data": data}, storage=root, job="audit", node="n0")
     saver.restore_or_initialize()
+    batches = iter(data)
+    for _ in range(10):  # mid-epoch: the save's next ids are the epoch's 321st on
+        next(batches)
     started = time.perf_counter()
-    saver.save(0)
+    saver.save(0, batch=10)
     blocked = time.perf_counter() - started
     saver.close()
-    save_fingerprint = fingerprint.seconds
+    save = {"fingerprint": timers["fingerprint"].seconds, "record": timers["next_ids"].seconds}
     drop_caches()
     fresh = {name: torch.empty_like(tensor) for name, tensor in tensors.items()}
-    restorer = CheckpointManager(objects={"model": Holder(fresh)}, storage=root, job="audit", node="n0")
+    data = loader(samples)
+    restorer = CheckpointManager(objects={"model": Holder(fresh), "data": data}, storage=root, job="audit", node="n0")
     started = time.perf_counter()
     restorer.restore_or_initialize()
+    next(iter(data))  # the first batch: the proof compares its ids and settles
     restore = time.perf_counter() - started
     restorer.close()
     assert restorer.audit is not None and restorer.audit.verdict == "exact", restorer.audit
-    return {"blocked": blocked, "fingerprint": save_fingerprint, "restore": restore, "audit": audit.seconds}
+    proof = sum(timers[name].seconds for name in ("watch", "drawn", "settle"))
+    return {"blocked": blocked, **save, "restore": restore, "audit": timers["audit"].seconds, "proof": proof}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--gib", type=float, default=1.0)
     parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--samples", type=int, default=1_000_000)
     args = parser.parse_args()
-    fingerprint = Timed(ckptstore.client.torch.manager, "fingerprint")
-    audit = Timed(ckptstore.client.engine.manager.LoopManager, "_audit")
+    timers = {
+        "fingerprint": Timed(ckptstore.client.torch.manager, "fingerprint"),
+        "next_ids": Timed(ckptstore.client.torch.manager, "next_ids"),
+        "audit": Timed(ckptstore.client.engine.manager.LoopManager, "_audit"),  # declared, and the proof begun
+        "watch": Timed(ckptstore.client.torch.manager, "watch_first_draws"),
+        "drawn": Timed(ckptstore.client.audit.proof.ResumeProof, "drawn"),
+        "settle": Timed(ckptstore.client.audit.proof.ResumeProof, "settle"),
+    }
     total = int(args.gib * 2**30)
     layouts: dict[str, Callable[[int], dict[str, np.ndarray]]] = {
         "model_like": model_like,
         "4000 tensors": many_tensors,
     }
-    print(f"{platform.node()} {platform.processor()} torch {torch.__version__}; {args.gib} GiB; {args.reps} reps")
+    print(
+        f"{platform.node()} {platform.processor()} torch {torch.__version__}; {args.gib} GiB; "
+        f"{args.samples:,} samples; {args.reps} reps"
+    )
     for name, make in layouts.items():
         tensors = {k: torch.from_numpy(v) for k, v in make(total).items()}
         runs = []
         for _ in range(args.reps):
             root = tempfile.mkdtemp(prefix="ckpt-audit-", dir=os.environ.get("BENCH_DIR"))
             try:
-                runs.append(one(tensors, root, fingerprint, audit))
+                runs.append(one(tensors, root, args.samples, timers))
             finally:
                 shutil.rmtree(root, ignore_errors=True)
         med = {key: statistics.median(run[key] for run in runs) for key in runs[0]}
+        at_save, at_restore = med["fingerprint"] + med["record"], med["audit"] + med["proof"]
         print(
             f"{name:13s} {len(tensors):5d} tensors: save blocked {med['blocked'] * 1e3:7.1f} ms, fingerprint "
-            f"{med['fingerprint'] * 1e3:6.2f} ms ({100 * med['fingerprint'] / med['blocked']:.2f} %); restore "
-            f"{med['restore']:.2f} s, audit {med['audit'] * 1e3:6.2f} ms ({100 * med['audit'] / med['restore']:.2f} %)"
+            f"{med['fingerprint'] * 1e3:6.2f} ms + proof record {med['record'] * 1e3:6.2f} ms "
+            f"({100 * at_save / med['blocked']:.2f} %); restore {med['restore']:.2f} s, audit "
+            f"{med['audit'] * 1e3:6.2f} ms + proof {med['proof'] * 1e3:6.2f} ms ({100 * at_restore / med['restore']:.2f} %)"
         )
 
 

@@ -228,6 +228,9 @@ class BackupAndRestore(pl.Callback):
         self._counts = [
             DistributedLoaderPosition(loader) if is_distributed_loader(loader) else None for loader in loaders
         ]
+        for count in self._counts:
+            if count is not None:
+                count.sets_epoch = True  # Lightning calls the sampler's set_epoch each epoch
         self._record_epoch_rng(loaders)
 
     def _record_epoch_rng(self, loaders: list[Any]) -> None:

@@ -32,7 +32,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 from ckptstore import Position
 
-__all__ = ["DistributedLoaderPosition", "is_distributed_loader", "epoch_order"]
+__all__ = ["DistributedLoaderPosition", "is_distributed_loader"]
 
 
 def is_distributed_loader(obj: Any) -> bool:
@@ -103,6 +103,14 @@ class DistributedLoaderPosition:
         self.position: Position | None = None  # the position being saved (set by the manager)
         self.rng_on_start: torch.Tensor | None = None  # the global RNG as restored (`restore_rng_when_iterated`)
         self.resumed: tuple[int, int, int] | None = None  # (epoch, batch, global count) of the position resumed from
+        self.sets_epoch = False  # whether the loop is known to call `set_epoch` each epoch (Lightning does)
+        self._order: tuple[int, torch.Tensor] | None = None  # an epoch's permutation, kept for the next save's
+
+    def permutation(self, epoch: int) -> torch.Tensor:
+        """The sampler's permutation of `epoch`, before any padding for the ranks (drawn once an epoch)."""
+        if self._order is None or self._order[0] != epoch:
+            self._order = (epoch, epoch_order(self.sampler, epoch, 1))
+        return self._order[1]
 
     def state_dict(self) -> dict[str, Any]:
         """The sampler's settings and the global count consumed of the epoch the position is in."""

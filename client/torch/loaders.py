@@ -21,7 +21,7 @@ import torch
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from ckptstore.client.audit.proof import GLOBAL_ORDER
-from ckptstore.client.torch.distributed import DistributedLoaderPosition, epoch_order
+from ckptstore.client.torch.distributed import DistributedLoaderPosition
 from ckptstore.client.torch.sampler import ResumableSampler, ResumableSamplerLoader
 
 __all__ = [
@@ -158,13 +158,13 @@ def next_ids(obj: Any, state: Mapping[str, Any]) -> list[int] | dict[str, list[i
             # An epoch's end: the next epoch's order is the one the loop sets (`set_epoch`) — the next
             # epoch's where it set this one's; epoch 0's where it never sets any; else it cannot be told.
             set_to, ended = state.get("sampler_epoch"), obj.position.epoch
-            if set_to == ended and ended > 0:
+            if obj.sets_epoch or (set_to == ended and ended > 0):
                 epoch = ended + 1
             elif set_to == 0 and ended > 0:
                 epoch = 0
             else:
                 return None
-        order = epoch_order(obj.sampler, epoch, 1)  # the permutation, before any padding for the ranks
+        order = obj.permutation(epoch)
         return {GLOBAL_ORDER: order[consumed : consumed + NEXT_INDICES * state["world"]].tolist()}
     if is_loader(obj) and type(obj.sampler).__name__ == "RandomSampler":
         return _torchdata_next(obj, state)

@@ -27,16 +27,22 @@ class ResumableSampler(Sampler[int]):
         self.epoch, self.taken = 0, 0
         self._rng_on_start: torch.Tensor | None = None
         self.watch: Callable[[int], None] | None = None  # told each index yielded (the resume proof watches)
+        self._drawn: tuple[int, list[int]] | None = None  # the last epoch's order drawn: a save reads its next ids
 
     def __len__(self) -> int:
         return self.size
 
     def _order(self, epoch: int) -> list[int]:
+        if self._drawn is not None and self._drawn[0] == epoch:
+            return self._drawn[1]
         if not self.shuffle:
-            return list(range(self.size))
-        generator = torch.Generator()
-        generator.manual_seed(self.seed * 1_000_003 + epoch)
-        return torch.randperm(self.size, generator=generator).tolist()
+            order = list(range(self.size))
+        else:
+            generator = torch.Generator()
+            generator.manual_seed(self.seed * 1_000_003 + epoch)
+            order = torch.randperm(self.size, generator=generator).tolist()
+        self._drawn = (epoch, order)
+        return order
 
     def next_indices(self, state: Mapping[str, Any], count: int) -> list[int]:
         """The next `count` indices this sampler would yield from `state` (nothing changes): the next

@@ -25,6 +25,7 @@ go on counting from the one resumed from.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -32,7 +33,7 @@ import shutil
 import struct
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from types import FrameType
 from typing import Any, NamedTuple
 
@@ -48,6 +49,7 @@ from ckptstore.client.engine.node import NodeCheckpointer
 from ckptstore.client.engine.options import CheckpointOptions
 from ckptstore.client.engine.restore import restore_in_one_pass
 from ckptstore.client.torch.fingerprint import fingerprint
+from ckptstore.client.torch.loaders import next_batches_ids, watch_every_iterator
 from ckptstore.client.torch.manager import ranks_node
 from ckptstore.copies import Restored
 from ckptstore.errors import CkptStoreError, ResumeRefusedError
@@ -234,6 +236,7 @@ class BackupAndRestore(TrainerCallback):
         self._length: int | None = None
         self._resumed: _Resumed | None = None
         self.proof: ResumeProof | None = None  # the resume's proof (client/audit/proof.py), settled at the first step
+        self._stop_watching_loaders: Callable[[], None] | None = None
 
     def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         trainer = _calling_trainer()
@@ -261,15 +264,21 @@ class BackupAndRestore(TrainerCallback):
         if self._resumed is not None and self._resumed.skipped:
             _skip_once(trainer, self._resumed.skipped)
         self.resume_position = restored.copy.position
+        one_process = trainer.args.world_size == 1
         self.proof = start_proof(
             report,
             restored.checkpoint.manifest.metadata,
             self.checkpointer,
             self.options.resume_check,
             mid_epoch=not restored.copy.position.is_end_of_epoch,
+            watched={"train"} if one_process else set(),
             counting=True,
-            unobservable="ckptstore does not see the batches the Trainer's own loop draws",
+            unobservable=None if one_process else "ckptstore does not see which ranks' batches the Trainer draws",
         )
+        if self.proof is not None and not self.proof.settled and one_process:
+            # The Trainer makes its loader inside its loop: the first batches any loader takes until its
+            # first step are its training batches.
+            self._stop_watching_loaders = watch_every_iterator(functools.partial(self.proof.drawn, "train"))
         if self.proof is not None and self._resumed is not None:
             self.proof.counters["global_step"] = self._resumed.global_step  # on another world size, the step it became
         pending = self.proof is not None and not self.proof.settled
@@ -329,8 +338,14 @@ class BackupAndRestore(TrainerCallback):
             self._length = _length(getattr(loader, "dataset", None))
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._stop_watching()
         if self.proof is not None and not self.proof.settled:
             self.proof.step({"global_step": state.global_step})
+
+    def _stop_watching(self) -> None:
+        if self._stop_watching_loaders is not None:
+            self._stop_watching_loaders()
+            self._stop_watching_loaders = None
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """A checkpoint request (`ckptstore checkpoint-now`): the Trainer saves at this step, as if
@@ -356,7 +371,11 @@ class BackupAndRestore(TrainerCallback):
         }
         if "model" in kwargs:
             described = _fingerprint(kwargs["model"], args, self._length)
-            metadata[FINGERPRINT_KEY] = described | {PROOF_KEY: recorded(counters={"global_step": state.global_step})}
+            upcoming = _next_ids(kwargs.get("train_dataloader"), consumed, args) if position.batch is not None else None
+            proof = recorded(
+                counters={"global_step": state.global_step}, next_ids={"train": upcoming} if upcoming else {}
+            )
+            metadata[FINGERPRINT_KEY] = described | {PROOF_KEY: proof}
         self.checkpointer.save(position, arrays, step=state.global_step, metadata=metadata)
 
     def _position(self, global_step: int, args: Any) -> tuple[Position, int]:
@@ -376,6 +395,7 @@ class BackupAndRestore(TrainerCallback):
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         # The restored folder stays until here: the Trainer reads its RNG states once it has skipped batches.
         shutil.rmtree(_staging(args), ignore_errors=True)
+        self._stop_watching()
         if self.proof is not None and not self.proof.settled:
             try:
                 self.proof.settle("no batch was drawn after the restore")
@@ -435,3 +455,13 @@ def _skip_once(trainer: transformers.Trainer, count: int) -> None:
         return loader
 
     trainer.get_train_dataloader = skipping  # type: ignore[method-assign]
+
+
+def _next_ids(loader: Any, consumed: int, args: Any) -> list[int] | None:
+    """The ids of the samples the Trainer's loader takes after `consumed` batches of the epoch — on
+    one process, from accelerate's seedable sampler (its order a function of its epoch: drawn again
+    here, changing nothing) or a sequential one; None where that cannot be told."""
+    sampler = getattr(getattr(loader, "batch_sampler", None), "sampler", None)
+    if args.world_size != 1 or type(sampler).__name__ not in ("SeedableRandomSampler", "SequentialSampler"):
+        return None
+    return next_batches_ids(loader.batch_sampler, consumed)

@@ -14,6 +14,7 @@ when its resumed epoch starts (`ResumableSampler.restore_rng_when_iterated`).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -33,6 +34,8 @@ __all__ = [
     "next_ids",
     "watch_first_draws",
     "record_batches",
+    "watch_every_iterator",
+    "next_batches_ids",
     "NEXT_INDICES",
 ]
 
@@ -198,6 +201,38 @@ def watch_first_draws(obj: Any, report: Callable[[Sequence[int]], None]) -> bool
 
     loader._get_iterator = watched_iterator  # type: ignore[method-assign]
     return True
+
+
+def watch_every_iterator(report: Callable[[Sequence[int]], None]) -> Callable[[], None]:
+    """Tell `report` the ids of each batch any loader's iterator takes (until NEXT_INDICES are told) —
+    for a loader made where ckptstore cannot reach it (the Trainer's, made inside its loop); returns
+    what stops it."""
+    reporter, original = _Reporter(report), _BaseDataLoaderIter._next_index
+
+    def taking(self: Any) -> Any:
+        index = original(self)
+        reporter.ids(index)
+        return index
+
+    _BaseDataLoaderIter._next_index = taking  # type: ignore[method-assign]
+
+    def stop() -> None:
+        if _BaseDataLoaderIter._next_index is taking:
+            _BaseDataLoaderIter._next_index = original  # type: ignore[method-assign]
+
+    return stop
+
+
+def next_batches_ids(batch_sampler: Any, taken: int) -> list[int]:
+    """The ids of the NEXT_INDICES samples a batch sampler — one whose order is a function of its
+    epoch, re-iterated here — yields after its first `taken` batches. Never past its last batch: a
+    sampler may count an iteration run to its end as an epoch (accelerate's seedable one does)."""
+    upcoming: list[int] = []
+    for batch in itertools.islice(iter(batch_sampler), taken, len(batch_sampler)):
+        upcoming += [int(i) for i in batch]
+        if len(upcoming) >= NEXT_INDICES:
+            break
+    return upcoming[:NEXT_INDICES]
 
 
 def record_batches(make_iterator: Callable[[], Any], drawn: list[list[int]]) -> Any:

@@ -1,0 +1,78 @@
+"""The resume proof sees what the resumed run does: the DDP tutorial's loop (one rank here: a
+`DistributedSampler` told its world) resumed mid-epoch is `exact` when the loop calls `set_epoch`,
+and `drift` when it forgets — the sampler then hands out epoch 0's order again, which nothing the
+code declares shows. The verdict is kept with the attempt and said as `resume.audited`; under
+resume_check="raise" the forgetful loop is refused before its first batch trains."""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="the [torch] extra is not installed")
+
+from ckptstore.client import ServiceClient  # noqa: E402
+from ckptstore.client.torch import CheckpointManager  # noqa: E402
+from ckptstore.errors import ResumeDriftError  # noqa: E402
+
+SAMPLES, BATCH = 64, 4  # 16 batches an epoch
+
+
+def manager_and_loader(root: str, job: str, url: str, resume_check: str = "warn"):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2, 1)
+    dataset = torch.utils.data.TensorDataset(torch.arange(SAMPLES, dtype=torch.float32).reshape(-1, 1).repeat(1, 2))
+    sampler = torch.utils.data.distributed.DistributedSampler(dataset, num_replicas=1, rank=0, seed=3)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=BATCH, sampler=sampler)
+    objects = {"model": model, "data": loader}
+    manager = CheckpointManager(
+        objects=objects, storage=root, job=job, node="n0", service=url, async_save=False, resume_check=resume_check
+    )
+    return manager, model, loader
+
+
+def train(root: str, job: str, url: str, *, stop_at: tuple[int, int] | None = None, set_epoch: bool = True, **kw):
+    """The tutorial loop: epochs 0 and 1, a save every 4 batches and at each epoch's end."""
+    manager, model, loader = manager_and_loader(root, job, url, **kw)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    start = manager.restore_or_initialize()
+    for epoch in range(start, 2):
+        if set_epoch:
+            loader.sampler.set_epoch(epoch)
+        for batch, (x,) in enumerate(loader, start=manager.first_batch(epoch)):
+            if (epoch, batch) == stop_at:
+                manager.close()
+                return manager
+            optimizer.zero_grad()
+            model(x).sum().backward()
+            optimizer.step()
+            if (batch + 1) % 4 == 0:
+                manager.save(epoch, batch=batch + 1)
+        manager.save(epoch)
+    manager.close()
+    return manager
+
+
+def test_a_loop_that_forgets_set_epoch_is_drift_kept_with_the_attempt_and_refused_under_raise(sqlite_service, capsys):
+    url = sqlite_service.live.url
+    root = f"{sqlite_service.storage}/{uuid.uuid4().hex[:6]}"
+    good, forgetful = f"proof-good-{uuid.uuid4().hex[:6]}", f"proof-forgets-{uuid.uuid4().hex[:6]}"
+    for job in (good, forgetful):
+        train(root, job, url, stop_at=(1, 6))  # killed in epoch 1: resumes from batch 4
+    assert train(root, good, url).audit.verdict == "exact"
+    assert "resume audit: exact — proven: the first 16 sample ids data handed out" in capsys.readouterr().err
+
+    with pytest.raises(ResumeDriftError, match="the first samples drawn after the restore are"):
+        train(root, forgetful, url, set_epoch=False, resume_check="raise")
+    forgot = train(root, forgetful, url, set_epoch=False)
+    assert forgot.audit.verdict == "drift", forgot.audit
+    assert forgot.audit.differences[0].startswith("data (data): the first samples drawn after the restore are")
+
+    with ServiceClient(url) as client:
+        kept = {job: [a.audit.verdict for a in client.list_attempts(job) if a.audit] for job in (good, forgetful)}
+        events = client.events(forgetful, after=0, types=["resume.audited"])  # a stream: the first two
+        said = [event.data["verdict"] for event in itertools.islice(events, 2)]
+    assert kept == {good: ["exact"], forgetful: ["drift", "drift"]}, kept
+    assert said == ["drift", "drift"]

@@ -112,6 +112,12 @@ def job_name() -> str:
 # scenario): marked slow here so the default run keeps near 30 minutes on 2 cores (the slowest 40 of
 # `bash scripts/test.sh --durations`); `bash scripts/test.sh -m slow` runs them.
 LONG_VARIANTS = {
+    "tests/test_exact_resume.py::test_exact_is_said_only_of_a_bit_exact_resume_and_every_bit_exact_one_is_not_drift[docs-after-epoch-end]",
+    "tests/test_exact_resume.py::test_exact_is_said_only_of_a_bit_exact_resume_and_every_bit_exact_one_is_not_drift[stateful-after-epoch-end]",
+    "tests/test_exact_resume.py::test_exact_is_said_only_of_a_bit_exact_resume_and_every_bit_exact_one_is_not_drift[shuffle-gen-after-epoch-end]",
+    "tests/test_exact_resume.py::test_exact_is_said_only_of_a_bit_exact_resume_and_every_bit_exact_one_is_not_drift[plain-last-batch]",
+    "tests/test_exact_resume.py::test_exact_is_said_only_of_a_bit_exact_resume_and_every_bit_exact_one_is_not_drift[stateful-last-batch]",
+    "tests/test_exact_resume.py::test_exact_is_said_only_of_a_bit_exact_resume_and_every_bit_exact_one_is_not_drift[shuffle-gen-last-batch]",
     "tests/test_training.py::test_keras_on_the_jax_and_pytorch_backends_resumes_mid_epoch_bit_equal[jax]",
     "tests/test_training.py::test_keras_on_the_jax_and_pytorch_backends_resumes_mid_epoch_bit_equal[torch]",
     "tests/test_training.py::test_keras_as_users_write_it_shuffled_with_unseeded_dropout_resumes_bit_equal[mid-epoch-torch]",
@@ -127,7 +133,6 @@ LONG_VARIANTS = {
     "tests/test_torch.py::test_dcp_saved_by_two_ranks_loads_exactly_on_one_and_on_four[4]",
     "tests/test_torch.py::test_per_rank_state_a_rank_dying_before_its_commit_leaves_the_position_not_good",
     "tests/test_exact_resume.py::test_ddp_with_replicated_state_restores_every_rank_its_own_rng[per-rank seeds]",
-    "tests/test_exact_resume.py::test_each_pipeline_as_users_write_it_resumes_bit_exactly_and_audits_exact[stateful-epoch-end]",
     "tests/test_compose.py::test_the_trainer_holds_no_credentials_and_is_killed_and_resumed_through_signed_urls",
     "tests/test_presigned_path.py::test_keras_with_a_local_tier_replicates_and_a_new_machine_resumes_through_urls",
     "tests/test_deploy.py::test_the_slurm_script_saves_on_sigterm_requeues_resumes_and_never_requeues_a_refusal",
@@ -135,8 +140,6 @@ LONG_VARIANTS = {
     "tests/test_manifest.py::test_mutated_real_manifests_are_refused_or_identical",
     "tests/test_training_polish.py::test_health_says_ok_after_storage_recovers_and_for_nodes_that_never_failed",
     "tests/test_replica_agreement.py::test_an_hsdp_replica_that_differs_is_named_its_save_is_not_good_and_loads_go_to_the_save_before",
-    "tests/test_exact_resume.py::test_each_pipeline_as_users_write_it_resumes_bit_exactly_and_audits_exact[docs-epoch-end]",
-    "tests/test_exact_resume.py::test_each_pipeline_as_users_write_it_resumes_bit_exactly_and_audits_exact[shuffle-gen-epoch-end]",
     "tests/test_lightning.py::test_a_fit_killed_resumes_bit_exactly[epoch-end-stateful-loader]",
     "tests/test_lightning.py::test_saves_due_at_an_epochs_last_batch_are_epoch_ends_and_every_kill_point_resumes_exactly[killed-at-an-epochs-last-batch-stateful]",
     "tests/test_elastic_resume.py::test_a_restart_on_another_world_size_trains_every_sample_of_the_epoch_once[4-to-2]",

@@ -34,9 +34,9 @@ def digest(data: Any) -> tf.Tensor:
             bits = tensor
         else:
             continue
-        flat = tf.reshape(tf.cast(bits, tf.int64), [-1])
+        flat = tf.reshape(bits, [-1])
         size = tf.size(flat, out_type=tf.int64)
-        taken = flat[:: tf.maximum(size // DIGESTED, 1)]
+        taken = tf.cast(flat[:: tf.maximum(size // DIGESTED, 1)], tf.int64)  # only what is read is widened
         weights = tf.range(1, tf.size(taken, out_type=tf.int64) + 1, dtype=tf.int64) * 2654435761
         total = total * 1000003 + tf.reduce_sum(taken * weights) + size
     return total

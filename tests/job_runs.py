@@ -89,9 +89,9 @@ def damage_own_blob(storage: str, job: str, newest: Position, previous: Position
 
 
 def settled_verdict(output: str) -> str:
-    """A resume's settled verdict (`exact`, `resharded`, `drift`, `unverified`): its proof's line where
-    there is one, else the resume line's."""
-    said = [line.split("resume audit: ", 1)[1] for line in output.splitlines() if "resume audit: " in line]
+    """A resume's settled verdict (`exact`, `resharded`, `drift`, `unverified`): its proof's where there
+    is one, else the resume line's (in output whose lines may be joined with " | ")."""
+    said = re.findall(r"resume audit: ([^\n|]+)", output)
     assert said, f"no resume audit said: {output[-2000:]}"
     settled = [s for s in said if not s.startswith("the declared state matches")] or said
     last = settled[-1]

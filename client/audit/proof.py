@@ -226,35 +226,17 @@ class ResumeProof:
 
 
 def start_proof(
-    declared: ResumeAudit | None,
-    metadata: Mapping[str, Any],
-    node: AuditedNode,
-    resume_check: str,
-    *,
-    mid_epoch: bool,
-    world: tuple[int, int] = (1, 0),
-    watched: Iterable[str] = (),
-    counting: bool = False,
-    unobservable: str | None = None,
+    declared: ResumeAudit | None, metadata: Mapping[str, Any], node: AuditedNode, resume_check: str, **watching: Any
 ) -> ResumeProof | None:
-    """The proof of a restore whose declared audit is `declared` (None, or a drift: nothing to prove).
-    With nothing the run can watch it settles at once — `unverified`, refused under
-    resume_check="raise" from a mid-epoch position, before anything is assigned."""
+    """The proof of a restore whose declared audit is `declared` (None, or a drift: nothing to prove),
+    of the copy with `metadata`, `watching` as `ResumeProof` takes it (mid_epoch, world, watched,
+    counting, unobservable). With nothing the run can watch it settles at once — `unverified`,
+    refused under resume_check="raise" from a mid-epoch position, before anything is assigned."""
     if declared is None or declared.verdict == "drift":
         return None
     fingerprint = metadata.get(FINGERPRINT_KEY)
     saved = fingerprint.get(PROOF_KEY) if isinstance(fingerprint, Mapping) else None
-    proof = ResumeProof(
-        declared,
-        saved,
-        node,
-        resume_check,
-        mid_epoch=mid_epoch,
-        world=world,
-        watched=watched,
-        counting=counting,
-        unobservable=unobservable,
-    )
+    proof = ResumeProof(declared, saved, node, resume_check, **watching)
     if not proof.observable:
         proof.settle()
     return proof

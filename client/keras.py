@@ -267,7 +267,8 @@ class BackupAndRestore(keras.callbacks.Callback):
             if left[0] == 0:
                 model.train_function = original
                 self._skipped()
-                self._drawn_before_position(drawn)
+                if not remainder:  # else the last batch drawn is not the one before the position
+                    self._drawn_before_position(drawn)
             return ({}, state[0]) if state else {}
 
         model.train_function = skip

@@ -111,6 +111,7 @@ class BackupAndRestore(pl.Callback):
         if stage != "fit":
             return
         started = time.perf_counter()
+        self.proof = None
         options, identity = ranks_node(self.options)
         self.checkpointer = NodeCheckpointer(options, identity=identity)
         found = restore_in_one_pass(self.checkpointer, lambda restored: self._read(trainer, pl_module, restored))
@@ -140,18 +141,15 @@ class BackupAndRestore(pl.Callback):
                 _skip_trained_batches(loaders, position, epoch_rng, self._pending_rng)
             else:
                 _next_epoch_from_generators(loaders, generators)
-            self._start_proof(
-                trainer, restored, report, resharded=counts is not None and all(c is not None for c in counts)
-            )
+            if self.proof is None:  # the loaders' first set-up (a reload sets them up again)
+                self._start_proof(trainer, restored, report)
 
         _when_loaders_ready(trainer, loaders_ready)
         _load_when_fit_resumes(trainer, checkpoint, f"ckptstore:{self.options.job}@{position}")
         pending = report is not None and report.verdict != "drift"
         self.checkpointer.resumed(restored, time.perf_counter() - started, report, pending=pending)
 
-    def _start_proof(
-        self, trainer: pl.Trainer, restored: Restored, report: ResumeAudit | None, *, resharded: bool
-    ) -> None:
+    def _start_proof(self, trainer: pl.Trainer, restored: Restored, report: ResumeAudit | None) -> None:
         """The resume's proof, once the training loaders are set up: the first step's counters, and the
         first ids each loader over a DistributedSampler hands out (what a plain loader draws is not seen)."""
         assert self.checkpointer is not None

@@ -198,15 +198,23 @@ class LoopManager:
             self.proof.settle(why)
 
     def check_restore(self) -> ResumeAudit | None:
-        """The audit of the restore a start would make now — the same copy, verified, against the live
-        objects — changing nothing: no attempt is registered, nothing is marked or assigned. None when
+        """The declared audit of the restore a start would make now — the same copy, verified, against
+        the live objects — changing nothing: no attempt is registered, nothing is marked or assigned.
+        A dry run trains nothing, so nothing is proven: where nothing declared differs it is
+        `unverified` (the resume's own proof is made at its first step), never `exact`. None when
         there is nothing to resume from."""
         node = self.checkpointer
         restorer = Restorer(
             job=node.job, node=node.node, tiers=node.tiers, client=node.client, attempt=None, timeout_s=0
         )
         restored = restorer.preview()
-        return None if restored is None else self._audit_of(restored)
+        if restored is None:
+            return None
+        declared = self._audit_of(restored)
+        if declared.verdict == "drift":
+            return declared
+        unproven = "a dry run: what the resumed run draws and counts is checked at its first step, not here"
+        return declared.model_copy(update={"verdict": "unverified", "differences": [*declared.differences, unproven]})
 
     def first_batch(self, epoch: int) -> int:
         """How many batches of `epoch` the restored state has already trained (0 unless resumed mid-epoch)."""

@@ -50,6 +50,7 @@ from ckptstore.client.engine.restore import restore_in_one_pass
 from ckptstore.client.torch.distributed import DistributedLoaderPosition, is_distributed_loader
 from ckptstore.client.torch.fingerprint import fingerprint
 from ckptstore.client.torch.loaders import (
+    DrawnBatches,
     generator_states,
     is_loader,
     next_ids,
@@ -104,7 +105,7 @@ class BackupAndRestore(pl.Callback):
         self._counts: list[DistributedLoaderPosition | None] = []  # per training loader over a DistributedSampler
         self._renumbered: tuple[int, int] | None = None  # (epoch, positions' batch minus Lightning's) when resumed
         self.proof: ResumeProof | None = None  # the resume's proof (client/audit/proof.py), settled at the first step
-        self._drawn: list[list[list[int]]] = []  # per training loader, the ids of each batch its iterator took
+        self._drawn: list[DrawnBatches] = []  # per training loader, the ids of the batches its iterator took
         self._before: dict[str, int] = {}  # plain loaders the proof checks: their batch before the position
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -235,14 +236,14 @@ class BackupAndRestore(pl.Callback):
         """Keep the generators as they are each time a training loader's iterator is made (each epoch):
         a mid-epoch save carries them, so a plain loader's epoch can be drawn again on a restart. And
         keep the ids of the batches each iterator takes (`_drawn`): the resume proof's evidence."""
-        self._drawn = [[] for _ in loaders]
-        for loader, drawn in zip(loaders, self._drawn, strict=True):
+        self._drawn = [DrawnBatches() for _ in loaders]
+        for i, loader in enumerate(loaders):
             make_iterator = loader._get_iterator
 
-            def recording(make_iterator: Any = make_iterator, drawn: list[list[int]] = drawn) -> Any:
+            def recording(make_iterator: Any = make_iterator, i: int = i) -> Any:
                 self._epoch_rng = rng_state()
-                drawn.clear()
-                return record_batches(make_iterator, drawn)
+                self._drawn[i] = DrawnBatches()  # this iterator's
+                return record_batches(make_iterator, self._drawn[i])
 
             loader._get_iterator = recording
 
@@ -272,8 +273,9 @@ class BackupAndRestore(pl.Callback):
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, index: int) -> None:
         if self.proof is not None and not self.proof.settled:
             for name, i in self._before.items():  # drawn again and skipped: the last of them
-                if 0 < index <= len(self._drawn[i]):
-                    self.proof.drawn(name, self._drawn[i][index - 1])
+                before = self._drawn[i].batch(index - 1) if index > 0 else None
+                if before is not None:
+                    self.proof.drawn(name, before)
             self.proof.step({"epoch": trainer.current_epoch, "batch": index, "global_step": trainer.global_step})
         if self._pending_rng is not None:
             set_rng_state(self._pending_rng)
@@ -329,8 +331,8 @@ class BackupAndRestore(pl.Callback):
                 ids = next_ids(loader, states[i])
                 if ids is not None:
                     upcoming[f"loader{i}"] = ids
-            elif i < len(self._drawn) and 0 < next_batch <= len(self._drawn[i]):
-                upcoming[f"loader{i}"] = {BATCH_BEFORE: self._drawn[i][next_batch - 1]}
+            elif i < len(self._drawn) and (before := self._drawn[i].batch(next_batch - 1)) is not None:
+                upcoming[f"loader{i}"] = {BATCH_BEFORE: before}
         return upcoming
 
     def _save(self, trainer: pl.Trainer, position: Position, *, next_batch: int) -> None:

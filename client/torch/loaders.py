@@ -14,6 +14,7 @@ when its resumed epoch starts (`ResumableSampler.restore_rng_when_iterated`).
 
 from __future__ import annotations
 
+import collections
 import itertools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -34,6 +35,7 @@ __all__ = [
     "next_ids",
     "watch_first_draws",
     "record_batches",
+    "DrawnBatches",
     "watch_every_iterator",
     "next_batches_ids",
     "NEXT_INDICES",
@@ -235,9 +237,29 @@ def next_batches_ids(batch_sampler: Any, taken: int) -> list[int]:
     return upcoming[:NEXT_INDICES]
 
 
-def record_batches(make_iterator: Callable[[], Any], drawn: list[list[int]]) -> Any:
-    """Make a loader's iterator with `make_iterator`, appending to `drawn` the ids of each batch it takes."""
-    return reporting(make_iterator, lambda ids: drawn.append([int(i) for i in ids]), lambda: False)
+class DrawnBatches:
+    """The ids of the batches one iterator took, by their number in it — the last KEPT of them only
+    (what is trained trails what is taken by the prefetched batches at most)."""
+
+    KEPT = 64
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._last: collections.deque[list[int]] = collections.deque(maxlen=self.KEPT)
+
+    def took(self, ids: Any) -> None:
+        self._last.append([int(i) for i in ids])
+        self.count += 1
+
+    def batch(self, number: int) -> list[int] | None:
+        """The ids of batch `number` (from 0), None when not taken yet or no longer kept."""
+        age = self.count - 1 - number
+        return self._last[-1 - age] if 0 <= age < len(self._last) else None
+
+
+def record_batches(make_iterator: Callable[[], Any], drawn: DrawnBatches) -> Any:
+    """Make a loader's iterator with `make_iterator`, `drawn` told the ids of each batch it takes."""
+    return reporting(make_iterator, drawn.took, lambda: False)
 
 
 def reporting(make_iterator: Callable[[], Any], report: Callable[[Any], None], done: Callable[[], bool]) -> Any:

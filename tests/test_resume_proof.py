@@ -33,11 +33,23 @@ def manager_and_loader(root: str, job: str, url: str, resume_check: str = "warn"
     return manager, model, loader
 
 
-def train(root: str, job: str, url: str, *, stop_at: tuple[int, int] | None = None, set_epoch: bool = True, **kw):
-    """The tutorial loop: epochs 0 and 1, a save every 4 batches and at each epoch's end."""
+def train(
+    root: str,
+    job: str,
+    url: str,
+    *,
+    stop_at: tuple[int, int] | None = None,
+    set_epoch: bool = True,
+    peek: bool = False,
+    **kw,
+):
+    """The tutorial loop: epochs 0 and 1, a save every 4 batches and at each epoch's end (`peek`: a
+    first batch drawn to look at, before the loop makes its own iterator)."""
     manager, model, loader = manager_and_loader(root, job, url, **kw)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     start = manager.restore_or_initialize()
+    if peek:
+        next(iter(loader))
     for epoch in range(start, 2):
         if set_epoch:
             loader.sampler.set_epoch(epoch)
@@ -76,3 +88,47 @@ def test_a_loop_that_forgets_set_epoch_is_drift_kept_with_the_attempt_and_refuse
         said = [event.data["verdict"] for event in itertools.islice(events, 2)]
     assert kept == {good: ["exact"], forgetful: ["drift", "drift"]}, kept
     assert said == ["drift", "drift"]
+
+
+def test_a_loop_that_peeks_at_the_restored_loader_then_iterates_again_is_not_exact(sqlite_service):
+    """The ids seen first are the saved run's next, but the loop trains from another iterator — here
+    one that starts the epoch over, whose ids the proof goes on comparing: drift. (Where the next
+    iterator went on from the peeked batch, the ids would match and the verdict would be unverified:
+    another iterator was made. Never exact.)"""
+    url = sqlite_service.live.url
+    root, job = f"{sqlite_service.storage}/{uuid.uuid4().hex[:6]}", f"proof-peeks-{uuid.uuid4().hex[:6]}"
+    train(root, job, url, stop_at=(1, 6))
+    peeked = train(root, job, url, peek=True)
+    assert peeked.audit.verdict == "drift", peeked.audit
+    assert peeked.audit.differences[0].startswith("data (data): the first samples drawn after the restore are")
+
+
+def test_a_peek_whose_next_iterator_goes_on_from_it_is_unverified_not_exact(tmp_path):
+    """docs/pytorch.md's loader (a ResumableSampler goes on where it was): the ids the loop trains after
+    a peek are the saved run's next ones — but not the batch the uninterrupted run trained first. The
+    ids match; another iterator was made: unverified."""
+    from ckptstore.client.torch import ResumableSampler
+
+    def docs_loop():
+        dataset = torch.utils.data.TensorDataset(torch.arange(SAMPLES, dtype=torch.float32).reshape(-1, 1))
+        loader = torch.utils.data.DataLoader(dataset, batch_size=BATCH, sampler=ResumableSampler(dataset, seed=1))
+        manager = CheckpointManager(
+            objects={"data": loader}, storage=str(tmp_path), job="peek", node="n0", async_save=False
+        )
+        return manager, loader
+
+    manager, loader = docs_loop()
+    manager.restore_or_initialize()
+    batches = iter(loader)
+    for _ in range(3):
+        next(batches)
+    manager.save(0, batch=3)
+    manager.close()
+    manager, loader = docs_loop()
+    manager.restore_or_initialize()
+    next(iter(loader))  # a peek
+    next(iter(loader))  # the loop's own iterator: the batch after the peeked one
+    manager.checkpoint_if_preempted(0, 4)
+    assert manager.audit.verdict == "unverified", manager.audit
+    assert any("another iterator was made after its first ids were seen" in d for d in manager.audit.differences)
+    manager.close()

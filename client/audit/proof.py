@@ -147,6 +147,16 @@ class ResumeProof:
         self.seen[name] = start + len(ids)
         self.evidence[name] = f"the first {self.seen[name]} sample ids {name} handed out"
 
+    def remade(self, name: str) -> None:
+        """The data object `name` made another iterator after its first ids were seen, before the first
+        step: the batches trained may not be the ones seen (a loop that drew once, then began again)."""
+        if not self.settled:
+            self.unseen.append(
+                f"data ({name}): another iterator was made after its first ids were seen and before the first "
+                "step, so the batches trained may not be the ones checked (a loop that drew from the loader, "
+                "then began again)"
+            )
+
     def _batch_before(self, name: str, drawn: Any, saved: Any) -> None:
         """The batch before the resumed position, drawn again after the restore, against the saved run's."""
         if drawn != saved:

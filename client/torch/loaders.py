@@ -179,11 +179,15 @@ def next_ids(obj: Any, state: Mapping[str, Any]) -> list[int] | dict[str, list[i
     return None
 
 
-def watch_first_draws(obj: Any, report: Callable[[Sequence[int]], None]) -> bool:
+def watch_first_draws(
+    obj: Any, report: Callable[[Sequence[int]], None], remade: Callable[[], None] | None = None
+) -> bool:
     """Make the data object `report` the ids it hands out, from the next iterator made, until
     NEXT_INDICES are reported (`ResumeProof.drawn`); False when it cannot be watched. A loader's
     batches are reported as its iterator takes them from the sampler — in the main process, before
-    any worker fetches them, so before they train."""
+    any worker fetches them, so before they train. `remade` is told when the loader makes another
+    iterator after ids were reported (a loop that drew once, then began again: what trains may not be
+    what was seen)."""
     loader = obj.loader if isinstance(obj, (ResumableSamplerLoader, DistributedLoaderPosition)) else obj
     if isinstance(loader, ResumableSampler):
         loader.watch = _Reporter(report).ids
@@ -195,6 +199,8 @@ def watch_first_draws(obj: Any, report: Callable[[Sequence[int]], None]) -> bool
 
     def watched_iterator() -> Any:
         loader.__dict__.pop("_get_iterator", None)
+        if reporter.count and remade is not None:
+            remade()
         iterator = reporting(make_iterator[0], reporter.ids, lambda: reporter.done)
         make_iterator[0] = loader._get_iterator  # the class's own from now on
         if not reporter.count:  # e.g. a restored iterator whose epoch is over: the loader makes another

@@ -270,7 +270,9 @@ class CheckpointManager(LoopManager):
     def _watch(self, proof: ResumeProof) -> None:
         """Each data object reports the ids it hands out first (client/torch/loaders.py)."""
         for name, obj in self.objects.items():
-            if is_data(obj) and not watch_first_draws(obj, functools.partial(proof.drawn, name)):
+            if is_data(obj) and not watch_first_draws(
+                obj, functools.partial(proof.drawn, name), functools.partial(proof.remade, name)
+            ):
                 proof.unseen.append(f"data ({name}): {type(obj).__name__} cannot be watched")
 
     def _proof_world(self) -> tuple[int, int]:

@@ -1,27 +1,31 @@
 """Copies across tiers: find the nearest intact copy of one node's checkpoint at a position.
 
 A copy (`CopyKey`) is one committed attempt of one node's checkpoint at one position on one tier.
-Tiers are named, nearest first (`local`, then `durable`). Invariant: `read_nearest_intact` returns a
+Tiers are named, nearest first (`local`, `peer`, then `durable`). Invariant: `read_nearest_intact` returns a
 checkpoint only after every byte of it verified (but with `one_pass`: its sizes, the bytes as they are
 read into place, `ckptstore.deferred`); each copy it passes over is reported (`Skipped`:
 `corrupt` or `missing`, with the reason) so the caller can mark it and no later restart trips on
-it. A storage outage is not a verdict on a copy: it propagates as StorageUnavailableError.
+it. A storage outage is not a verdict on a copy: it propagates as StorageUnavailableError — but a
+peer's (`peer` tier: another node's disk, one source among several): a peer that dies is passed over.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
 from ckptstore.copykey import CopyKey
-from ckptstore.errors import CheckpointNotFoundError, CorruptCheckpointError
+from ckptstore.errors import CheckpointNotFoundError, CorruptCheckpointError, StorageUnavailableError
 from ckptstore.names import TIERS, Tier
 from ckptstore.position import Position
 from ckptstore.report import LoadedCheckpoint
 from ckptstore.store import Store
 
 __all__ = ["Skipped", "Restored", "NoIntactCopyError", "read_nearest_intact"]
+
+log = logging.getLogger("ckptstore")
 
 
 @dataclass(frozen=True)
@@ -76,7 +80,14 @@ def read_nearest_intact(
         store = tiers.get(tier)
         if store is None:
             continue
-        for copy in reversed(store.copies(job, node, position)):
+        try:
+            copies = store.copies(job, node, position)
+        except StorageUnavailableError as exc:
+            if tier != "peer":
+                raise
+            log.warning("the peer that holds %s/%s's copies went away (%s): not read", job, node, exc)
+            continue
+        for copy in reversed(copies):
             if copy in exclude:
                 continue
             try:
@@ -86,5 +97,10 @@ def read_nearest_intact(
                 continue
             except CheckpointNotFoundError:
                 continue  # an uncommitted leftover, not a copy
+            except StorageUnavailableError as exc:
+                if tier != "peer":
+                    raise
+                skipped.append(Skipped(copy, "missing", f"the peer that holds it went away: {exc}"))
+                break  # a peer that dies mid-transfer is not asked for its older copies
             return Restored(copy, loaded, tuple(skipped))
     raise NoIntactCopyError(f"no intact copy of {job}/{node} at {position}", tuple(skipped))

@@ -42,8 +42,9 @@ _ATTEMPT_RE = re.compile(r"([1-9][0-9]{0,9})(?:-([0-9a-f]{8}))?\Z")
 ATTEMPT_LIMIT = 10**9
 ACCEPTED_ATTEMPT_LIMIT = 10**8
 _MAX_DECODE_ROUNDS = 4
-Tier = Literal["local", "durable"]
-TIERS: tuple[Tier, ...] = ("local", "durable")  # the tiers of a copy, nearest first
+Tier = Literal["local", "peer", "durable"]
+# The tiers of a copy, nearest first: the node's own disk, another node's disk (peer replicas), storage.
+TIERS: tuple[Tier, ...] = ("local", "peer", "durable")
 T = TypeVar("T")
 K = TypeVar("K", bound=Hashable)
 

@@ -1,4 +1,5 @@
-"""Real servers on loopback for the tests: moto's S3 server, the GCS emulator and nginx."""
+"""Real servers on loopback for the tests: moto's S3 server, the GCS emulator and nginx (a round-robin
+proxy of the service, and a proxy of moto that logs every S3 request)."""
 
 from __future__ import annotations
 
@@ -145,6 +146,70 @@ class Nginx:
                 return sock.recv(12).startswith(b"HTTP/1.1 200")
         except OSError:
             return False
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=20)
+
+
+class S3RequestLog:
+    """Debian's nginx in front of moto (`upstream`, "127.0.0.1:port"), writing one line per S3 request to
+    `requests()`: "<method> <path> <status>" — what a job read from the durable tier, counted."""
+
+    def __init__(self, prefix: str, upstream: str):
+        binary = shutil.which("nginx") or "/usr/sbin/nginx"
+        if not os.path.exists(binary):
+            raise RuntimeError("nginx is not installed: scripts/test.sh installs Debian's nginx")
+        self.port = free_port()
+        self.endpoint_url = f"http://127.0.0.1:{self.port}"
+        self.log = os.path.join(prefix, "logs", "s3.log")
+        os.makedirs(os.path.dirname(self.log), exist_ok=True)
+        config = os.path.join(prefix, "nginx.conf")
+        with open(config, "w", encoding="utf-8") as handle:
+            handle.write(
+                textwrap.dedent(
+                    f"""
+                    worker_processes 1;
+                    error_log {prefix}/logs/error.log;
+                    pid {prefix}/nginx.pid;
+                    events {{ worker_connections 1024; }}
+                    http {{
+                        log_format requests '$request_method $uri $status';
+                        access_log {self.log} requests;
+                        client_body_temp_path {prefix}/body;
+                        proxy_temp_path {prefix}/proxy;
+                        server {{
+                            listen 127.0.0.1:{self.port};
+                            client_max_body_size 0;
+                            location / {{
+                                proxy_pass http://{upstream};
+                                proxy_http_version 1.1;
+                                proxy_set_header Host $http_host;
+                                proxy_set_header Connection "";
+                                proxy_request_buffering off;
+                                proxy_buffering off;
+                            }}
+                        }}
+                    }}
+                    """
+                )
+            )
+        self.process = subprocess.Popen([binary, "-p", prefix, "-c", config, "-g", "daemon off;"])
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline or self.process.poll() is not None:
+                    self.stop()
+                    raise RuntimeError(f"nginx did not start (see {prefix}/logs/error.log)") from None
+                time.sleep(0.05)
+
+    def requests(self) -> list[str]:
+        """Every request logged so far (nginx writes each line as the request ends)."""
+        with open(self.log, encoding="utf-8") as handle:
+            return handle.read().splitlines()
 
     def stop(self) -> None:
         self.process.terminate()

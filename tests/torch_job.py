@@ -4,6 +4,7 @@
                               [--loader plain|stateful] [--kill-epoch E --kill-batch B]
                               [--per-rank [--die-before-save-epoch E --die-before-save-batch B]]
                               [--save-every-seconds S] [--flip-rank R --flip-epoch E --flip-batch B]
+                              [--local-storage DIR_WITH_{rank} [--peer-replicas N|N0,N1]]
 
 Dropout, AdamW, a per-batch LR scheduler and a loader shuffled by ckptstore's ResumableSampler (the
 plain DataLoader, or torchdata's StatefulDataLoader with worker processes); saves every 3 batches and at each epoch's
@@ -84,6 +85,8 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--service", default=None)
     parser.add_argument("--endpoint", default=None, help="S3 endpoint (moto)")
+    parser.add_argument("--local-storage", default=None, help="a local tier; {rank} becomes the rank")
+    parser.add_argument("--peer-replicas", default=None, help="N, or one N per rank: 1,0")
     parser.add_argument(
         "--loader", choices=["plain", "stateful", "docs", "ddp", "shuffle", "shuffle-gen", "unsaved"], default="plain"
     )
@@ -133,6 +136,10 @@ def main() -> None:
         max_to_keep=None,
         resume_check=args.resume_check,
         save_every_seconds=args.save_every_seconds,
+        local_storage=None if args.local_storage is None else args.local_storage.format(rank=rank),
+        peer_replicas=None
+        if args.peer_replicas is None
+        else int(args.peer_replicas.split(",")[rank % len(args.peer_replicas.split(","))]),
     )
     start = manager.restore_or_initialize()
     resumed = manager.resume_position

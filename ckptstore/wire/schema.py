@@ -18,6 +18,9 @@ from ckptstore.position import POSITION_LIMIT, Position
 from ckptstore.retention import RetentionPolicy
 
 __all__ = [
+    "BlobServerInfo",
+    "BlobServerRegistration",
+    "PEER_SCHEME",
     "CheckpointRequestBody",
     "CheckpointRequestInfo",
     "RequestModel",
@@ -352,6 +355,26 @@ class NotGood(BaseModel):
     corrupt: list[str]
     deleted: list[str] = Field(default_factory=list)
     reasons: dict[str, str] = Field(default_factory=dict)
+
+
+PEER_SCHEME = "peer://"  # a peer copy's location: peer://<holding node>/<job>/<node>/<position>/<attempt>
+
+
+class BlobServerRegistration(RequestModel):
+    """Where a training process's peer blob server answers (`ckptstore.client.peers`), and the token it asks
+    of readers: a secret of that process, handed only to those who may read the job on the service."""
+
+    url: str = Field(pattern=r"^https?://[^/\s]+$", max_length=512)
+    token: str = Field(min_length=16, max_length=128, pattern=r"^[A-Za-z0-9_-]+$")
+
+
+class BlobServerInfo(BaseModel):
+    """A node's registered blob server (`PUT …/nodes/{node}/blob-server`)."""
+
+    node: str
+    url: str
+    token: str
+    registered_at: float
 
 
 class CheckpointRequestBody(RequestModel):

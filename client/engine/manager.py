@@ -311,7 +311,7 @@ class LoopManager:
         if self.preemption.pending:
             if self.preemption.within_budget:
                 self._save(Position(epoch, batch))
-                self.checkpointer.wait()
+                self.checkpointer.wait(held=False)  # the budget is short: a peer pulls it while it runs
             self.close()
             self.preemption.exit()
         elif requested:

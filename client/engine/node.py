@@ -57,6 +57,8 @@ from ckptstore.client.engine.startup import (
 )
 from ckptstore.client.engine.tiers import durable_tier, local_tier
 from ckptstore.client.engine.writer import SYNC_RETRY_S, BackgroundWriter, SaveCounts, write_retrying
+from ckptstore.client.peers.replicas import PeerReplicas
+from ckptstore.client.peers.tier import WithPeerTier
 from ckptstore.client.service.rest import ServiceClient
 from ckptstore.client.service.wire import Commit, recordable
 from ckptstore.copies import Restored
@@ -119,6 +121,18 @@ class NodeCheckpointer:
                 self.node,
                 on_replicated=self._replicated,
                 on_lost=self._lost_locally,
+            )
+        self.peers: PeerReplicas | None = None
+        if self.local_store is not None and self.client is not None and self.options.peer_replicas:
+            self.peers = PeerReplicas(
+                local=self.local_store,
+                client=self.client,
+                job=self.job,
+                node=self.node,
+                replicas=self.options.peer_replicas,
+                keep=self.options.local_max_to_keep,
+                commit=self.reports.commit,
+                mark=lambda copy, state, cause, reason: self.reports.mark(copy, state, cause=cause, reason=reason),
             )
         if self.writes and self.client is not None:
             self._check_declared_job(self.client)
@@ -187,6 +201,8 @@ class NodeCheckpointer:
                 log.warning("service unreachable (%s): continuing with an offline attempt", exc)
         if self.attempt is None:
             self.attempt = new_offline_attempt(highest_attempt_on_storage(self.start_tiers, self.job, self.node))
+        elif self.peers is not None:
+            self.peers.serve()
         if self.client is not None and self.requests is None:  # on a client of its own: a stream held open
             own = ServiceClient(self.options.service, token=self.options.token)
             self.requests = CheckpointRequests(own, self.job, self.node)
@@ -198,10 +214,14 @@ class NodeCheckpointer:
         overwrites every target and no other node waits: a strict restore of the job's only node)."""
         self.register()
         alone = self.client is None or (self.declared is not None and self.declared.nodes == [self.node])
+        tiers: Mapping[Tier, Store] = self.start_tiers
+        if self.peers is not None and self.declared is not None and "-" not in (self.attempt or "-"):
+            peers, nodes, answered = self.peers, self.declared.nodes, self._answered
+            tiers = WithPeerTier(tiers, lambda: peers.tier(nodes, answered))
         self._restorer = restorer = Restorer(
             job=self.job,
             node=self.node,
-            tiers=self.start_tiers,
+            tiers=tiers,
             client=self.client,
             attempt=self.attempt if self.writes else None,
             timeout_s=self.options.restore_timeout_s,
@@ -226,6 +246,8 @@ class NodeCheckpointer:
         check_resume(self, restored)
         if self._replicator is not None:
             self._replicator.resume()
+        if self.peers is not None and self.declared is not None:
+            self.peers.follow(self.declared.nodes)
         return restored
 
     def fall_back(self, failed: Restored, error: CorruptCheckpointError) -> Restored:
@@ -290,7 +312,7 @@ class NodeCheckpointer:
 
         if self._writer is None:
             self._guarded(write)
-            self.wait()
+            self.wait(held=False)
         else:
             self._writer.submit(position, lambda: self._guarded(write))
         return True
@@ -325,9 +347,10 @@ class NodeCheckpointer:
             break
         self.raise_if_fenced()
 
-    def wait(self) -> None:
+    def wait(self, *, held: bool = True) -> None:
         """Block until the save in flight is written and replicated and the service has its records —
-        or until the durable tier or the service is found away (they keep retrying in the background)."""
+        or until the durable tier or the service is found away (they keep retrying in the background);
+        with peer replicas and `held`, until a peer recorded the newest local copy too (bounded: `PeerReplicas`)."""
         self.wait_for_write()
         if self._replicator is not None and not self._replicator.wait():
             log.warning("the durable tier is away: %d local copies wait for replication", self._replicator.pending)
@@ -335,6 +358,8 @@ class NodeCheckpointer:
             log.warning("service unreachable: retention waits for it")
         if not self.reports.drain():
             log.warning("service unreachable: %d commit(s) will be re-posted", self.reports.pending_commits)
+        elif held and self.peers is not None:
+            self.peers.wait_until_held()
         self.raise_if_fenced()
 
     def raise_if_fenced(self) -> None:
@@ -466,10 +491,11 @@ class NodeCheckpointer:
             self.wait()
         finally:
             summaries = [self.saves.summary(), None if self._replicator is None else self._replicator.summary()]
+            summaries.append(None if self.peers is None else self.peers.summary())
             for summary in summaries:
                 if summary is not None:
                     print(f"ckptstore: {self.job}/{self.node}: {summary}", file=sys.stderr, flush=True)
-            for worker in (self._replicator, self._retention, self.reports, self.requests):
+            for worker in (self._replicator, self.peers, self._retention, self.reports, self.requests):
                 if worker is not None:
                     worker.close()
             if self.client is not None:

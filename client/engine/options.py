@@ -89,7 +89,12 @@ class CheckpointOptions:
     storage: the storage root — the durable tier —, any fsspec URL (default CKPTSTORE_STORAGE; required).
     local_storage: a fast local tier on this node (default CKPTSTORE_LOCAL_STORAGE; None: none): saves
         commit there and are replicated to `storage` in the background.
-    local_max_to_keep: positions kept on the local tier (older ones go once they are on the durable tier).
+    local_max_to_keep: positions kept on the local tier (older ones go once they are on the durable tier);
+        also the copies of each node kept as peer replicas.
+    peer_replicas: keep each committed local copy on the local tiers of this many other nodes of the job
+        too — the next ones in the declared node order (default CKPTSTORE_PEER_REPLICAS, else 0): a node back on
+        a new machine restores from a peer's disk, not the durable tier. Needs `local_storage` and
+        `service` (docs/operations.md, "Peer replicas").
     service: the service URL, or several replicas' (a list, or comma-separated; default CKPTSTORE_URL;
         None: storage only): a replica that fails is skipped for the next.
     node: this process's node name (default: CKPTSTORE_NODE, TF_CONFIG, RANK, …, the host name).
@@ -139,6 +144,7 @@ class CheckpointOptions:
     storage: str
     local_storage: str | None = None
     local_max_to_keep: int = 2
+    peer_replicas: int = 0
     service: str | list[str] | None = None
     node: str | None = None
     storage_options: dict[str, Any] = field(default_factory=dict)
@@ -179,6 +185,8 @@ class CheckpointOptions:
         given.setdefault("resume_check", os.environ.get("CKPTSTORE_RESUME_CHECK") or "warn")
         given.setdefault("fresh_start", _flag("CKPTSTORE_FRESH_START"))
         given.setdefault("presigned", _flag("CKPTSTORE_PRESIGNED"))
+        if os.environ.get("CKPTSTORE_PEER_REPLICAS"):
+            given.setdefault("peer_replicas", int(os.environ["CKPTSTORE_PEER_REPLICAS"]))
         if os.environ.get("CKPTSTORE_STORAGE_WAIT_S"):
             given.setdefault("storage_wait_s", float(os.environ["CKPTSTORE_STORAGE_WAIT_S"]))
         if not given["job"]:
@@ -238,6 +246,13 @@ class CheckpointOptions:
             raise ValueError(f"local_max_to_keep must be a positive integer, got {self.local_max_to_keep!r}")
         if self.local_max_to_keep < 1:
             raise ValueError(f"local_max_to_keep must be a positive integer, got {self.local_max_to_keep!r}")
+        if isinstance(self.peer_replicas, bool) or not isinstance(self.peer_replicas, int) or self.peer_replicas < 0:
+            raise ValueError(f"peer_replicas must be a non-negative integer, got {self.peer_replicas!r}")
+        if self.peer_replicas and (self.local_storage is None or not self.service):
+            raise ValueError(
+                "peer_replicas needs local_storage (the copies peers keep are local copies) and the service "
+                "(where the nodes' blob servers and the copies they hold are recorded)"
+            )
 
 
 def _flag(name: str) -> bool:

@@ -7,6 +7,7 @@ backends read them (`AWS_ENDPOINT_URL`, `AWS_ACCESS_KEY_ID`, `GOOGLE_APPLICATION
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -14,13 +15,24 @@ from typing import TypeVar
 
 from ckptstore import CheckpointRef, CopyKey, Store, VerifyReport
 from ckptstore.client.engine.retention import DELETED_BECAUSE, delete_copy
+from ckptstore.client.peers.blob_server import HELD
+from ckptstore.client.peers.filesystem import peer_store
 from ckptstore.client.service.rest import ServiceClient
 from ckptstore.client.service.wire import Commit
-from ckptstore.errors import CheckpointNotFoundError, CorruptCheckpointError, FencedError
+from ckptstore.errors import CheckpointNotFoundError, CorruptCheckpointError, FencedError, StorageUnavailableError
 from ckptstore.format.layout import parse_position_dirname
 from ckptstore.names import ACCEPTED_ATTEMPT_LIMIT, Tier, attempt_number, attempt_sort_key, validate_name
 from ckptstore.retention import Candidate, RetentionPolicy, plan_deletions
-from ckptstore.wire.schema import AttemptInfo, CheckpointRecord, CheckpointState, JobInfo, MarkState, PlannedDeletion
+from ckptstore.wire.schema import (
+    PEER_SCHEME,
+    AttemptInfo,
+    CheckpointRecord,
+    CheckpointState,
+    JobInfo,
+    LastGood,
+    MarkState,
+    PlannedDeletion,
+)
 
 __all__ = [
     "Checked",
@@ -38,6 +50,7 @@ __all__ = [
 
 Progress = Callable[[int], object]
 PAGE = 1000
+log = logging.getLogger("ckptstore.client")
 T = TypeVar("T")
 
 
@@ -316,13 +329,36 @@ def copy(source: str, destination_root: str, *, progress: Progress = lambda n: N
 # -- prestage ----------------------------------------------------------------------------------
 
 
+def _from_peer(
+    client: ServiceClient, job: str, node: str, answer: LastGood, local_root: str, errors: list[str]
+) -> Copied | None:
+    """The resume copy staged from a peer that holds it (peer replicas) and whose blob server answers;
+    None when none does (each failure added to `errors`)."""
+    held = [c.location for c in answer.nodes[node].copies if c.tier == "peer" and c.state == "committed"]
+    servers = client.blob_servers(job) if held else {}
+    for location in held:
+        root, _, key = split_location(location)
+        server = servers.get(root.removeprefix(PEER_SCHEME))
+        if key is None or server is None:
+            errors.append(f"{location}: its holder has no blob server registered")
+            continue
+        try:
+            ref = Store(local_root, tier="local").copy_from(peer_store(server.url, server.token, HELD), key)
+        except (CorruptCheckpointError, CheckpointNotFoundError, StorageUnavailableError) as exc:
+            errors.append(f"{location}: {exc}")
+            continue
+        return Copied(location, ref)
+    return None
+
+
 def prestage(
     client: ServiceClient, job: str, node: str, local_root: str, *, progress: Progress = lambda n: None
 ) -> Copied | None:
     """Copy the copy `node` would resume from — the node's part of the job's resume position — into
-    `local_root`, a local tier root, verified on arrival: the training started next with
-    `local_storage=local_root` restores from it without reading the durable tier. None when the job has
-    no resume position, or is not declared yet (a fresh job: nothing to stage). A copy already there is kept (a no-op)."""
+    `local_root`, a local tier root, verified on arrival, from the nearest source: a peer that holds it
+    (peer replicas), else the durable tier. The training started next with `local_storage=local_root`
+    restores from it without reading the durable tier. None when the job has no resume position, or is
+    not declared yet (a fresh job: nothing to stage). A copy already there is kept (a no-op)."""
     try:
         answer = client.last_good_epoch(job, node=node)
     except CheckpointNotFoundError:  # not declared yet: its first training declares it
@@ -330,10 +366,17 @@ def prestage(
     where = answer.nodes.get(node)
     if answer.resume is None or where is None:
         return None
+    errors: list[str] = []
+    staged = _from_peer(client, job, node, answer, local_root, errors)
+    if staged is not None:
+        progress(staged.destination.bytes if staged.destination else 0)
+        return staged
+    for error in errors:
+        log.warning("prestage: a peer's copy not taken (%s): staging from the durable tier", error)
     # The durable copy, reachable from anywhere (a local copy lives on the disk of the node that wrote it).
     sources = [c.location for c in where.copies if c.tier == "durable" and c.state == "committed"]
-    errors = []
-    for location in sources or [where.location]:
+    fallback = [] if where.location.startswith(PEER_SCHEME) else [where.location]
+    for location in sources or fallback:
         root, _, key = split_location(location)
         if key is None:
             continue

@@ -33,6 +33,8 @@ from ckptstore.wire.schema import (
     Advice,
     AttemptInfo,
     AttemptRequest,
+    BlobServerInfo,
+    BlobServerRegistration,
     CheckpointRecord,
     CheckpointRequestBody,
     CheckpointRequestInfo,
@@ -389,6 +391,17 @@ class ServiceClient:
     def presigned_urls(self, job: str, node: str, wanted: UrlsRequest) -> SignedUrls:
         """Short-lived URLs to the node's objects, signed by the service (`ckptstore.client.service.signed_urls`)."""
         return self._call("POST", self._node_path(job, node) + "/urls", body=wanted, parse=SignedUrls.model_validate)
+
+    def register_blob_server(self, job: str, node: str, url: str, token: str) -> BlobServerInfo:
+        """Say where `node`'s peer blob server answers now (`ckptstore.client.peers`)."""
+        body = BlobServerRegistration(url=url, token=token)
+        path = self._node_path(job, node) + "/blob-server"
+        return self._call("PUT", path, body=body, parse=BlobServerInfo.model_validate)
+
+    def blob_servers(self, job: str) -> dict[str, BlobServerInfo]:
+        """Each node's registered peer blob server, by node name."""
+        path = self._job_path(job) + "/blob-servers"
+        return self._call("GET", path, parse=lambda rows: {r["node"]: BlobServerInfo.model_validate(r) for r in rows})
 
     def retention_plan(self, job: str) -> RetentionPlan:
         return self._call("GET", self._job_path(job) + "/gc-plan", parse=RetentionPlan.model_validate)

@@ -44,6 +44,7 @@ __all__ = [
     "Health",
     "Stat",
     "RevokedSession",
+    "BlobServer",
     "EventRow",
     "Webhook",
     "insert_rows",
@@ -236,6 +237,19 @@ class Stat(Base):
     seconds: Mapped[float] = mapped_column(Float)
     bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     created_at: Mapped[float] = mapped_column(Float)
+
+
+class BlobServer(Base):
+    """Where a node's peer blob server answers now (`ckptstore.client.peers`): registered at each start, so
+    a node restoring from a copy another node holds reaches that node's current process."""
+
+    __tablename__ = "blob_servers"
+
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    node: Mapped[str] = mapped_column(String(128), primary_key=True)
+    url: Mapped[str] = mapped_column(String(512))
+    token: Mapped[str] = mapped_column(String(128))
+    registered_at: Mapped[float] = mapped_column(Float)
 
 
 class RevokedSession(Base):

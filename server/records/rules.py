@@ -30,6 +30,7 @@ from ckptstore.server.records.last_good import bump, expected_nodes, is_expected
 from ckptstore.server.settings import is_local_path, root_is_allowed
 from ckptstore.wire.events import EventType
 from ckptstore.wire.schema import (
+    PEER_SCHEME,
     RETENTION_CAUSES,
     CheckpointRecord,
     CommitRequest,
@@ -198,14 +199,27 @@ def _record(job: Job, row: Checkpoint | Row[Any]) -> CheckpointRecord:
     return CheckpointRecord(job=job.name, batch=batch_of(row.batch_key), created_at=row.created_at, **shown)
 
 
+def _tier_root(session: Session, job: Job, body: CommitRequest) -> str:
+    """The root a copy's location must start with: the job's storage root, its local root, or for a peer
+    copy `peer://<holding node>` (the node whose local tier holds it, one of the job's nodes)."""
+    if body.tier == "durable":
+        return job.storage_root
+    if body.tier == "peer":
+        holder = body.location.removeprefix(PEER_SCHEME).split("/", 1)[0]
+        if not body.location.startswith(PEER_SCHEME) or not is_expected(session, job, holder):
+            raise ApiError.invalid(f"a peer copy's location is {PEER_SCHEME}<one of the job's nodes>/…")
+        return PEER_SCHEME + holder
+    if job.local_root is None:
+        raise ApiError.invalid(f"job {job.name!r} has no local tier: declare its local_root first")
+    return job.local_root
+
+
 def commit_checkpoint(session: Session, job: Job, node: str, body: CommitRequest) -> tuple[CheckpointRecord, bool]:
     """Record a committed checkpoint; returns (record, created). Identical re-posts are no-ops."""
     require_node(session, job, node)
     position = body.position
     attempt = body.attempt
-    root = job.storage_root if body.tier == "durable" else job.local_root
-    if root is None:
-        raise ApiError.invalid(f"job {job.name!r} has no local tier: declare its local_root first")
+    root = _tier_root(session, job, body)
     expected = checkpoint_location(root, job.name, node, position, attempt)
     if body.location != expected:
         raise ApiError.invalid(f"location must be {expected!r}, the key built from root, job, node, position, attempt")

@@ -8,6 +8,7 @@ from ckptstore.server.routes import (
     health,
     jobs,
     ops,
+    peers,
     retention,
     stats,
     urls,
@@ -26,6 +27,7 @@ ROUTERS = [
     events.router,
     webhooks.router,
     urls.router,
+    peers.router,
     ops.router,
 ]
 

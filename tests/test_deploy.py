@@ -16,6 +16,7 @@ import yaml
 from ckptstore.client import ServiceClient
 from tests.conftest import service_settings
 from tests.live import LiveService
+from tests.servers import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KUBERNETES = os.path.join(ROOT, "deploy", "kubernetes")
@@ -98,6 +99,8 @@ def container_env(container: dict, configmap: dict, index: int, overrides: dict[
             env[variable["name"]] = expand(variable["value"], env)
         elif "job-completion-index" in variable["valueFrom"]["fieldRef"]["fieldPath"]:
             env[variable["name"]] = str(index)
+        elif variable["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP":
+            env[variable["name"]] = "127.0.0.1"  # every pod here is on this machine's loopback
     return env
 
 
@@ -128,7 +131,9 @@ def run_pods(job: dict, configmap: dict, overrides: dict[str, str], local: str) 
     (init,), (train,) = pod["initContainers"], pod["containers"]
     trainings = []
     for index in range(job["spec"]["completions"]):
-        env = container_env(init, configmap, index, overrides | {"CKPTSTORE_LOCAL_STORAGE": f"{local}/pod{index}"})
+        # Pods have a network namespace each; here they share one: each gets a port of its own.
+        own = {"CKPTSTORE_LOCAL_STORAGE": f"{local}/pod{index}", "CKPTSTORE_PEER_PORT": str(free_port())}
+        env = container_env(init, configmap, index, overrides | own)
         staged = run_container(init, env)
         assert staged.returncode == 0, staged.stdout + staged.stderr
         command, process_env = command_of(train, container_env(train, configmap, index, env))

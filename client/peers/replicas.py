@@ -28,8 +28,8 @@ HELD_WAIT_S = 30.0  # how long `wait_until_held` waits for a peer to record the 
 
 class PeerReplicas:
     """This node's peer replicas over its local tier `local` (see the module docstring). The blob server
-    binds `host` (CKPTSTORE_PEER_HOST, default every interface) and is reached at `advertise`
-    (CKPTSTORE_PEER_ADVERTISE, default the address this host's name resolves to)."""
+    binds CKPTSTORE_PEER_HOST (default every interface) and CKPTSTORE_PEER_PORT (default any free port),
+    and is reached at CKPTSTORE_PEER_ADVERTISE (default the address this host's name resolves to)."""
 
     def __init__(
         self,
@@ -55,7 +55,13 @@ class PeerReplicas:
         restoring from this one's disk ask for it)."""
         if self.server is None:
             host = os.environ.get("CKPTSTORE_PEER_HOST") or "0.0.0.0"
-            self.server = BlobServer(self.local.url, host=host, advertise=os.environ.get("CKPTSTORE_PEER_ADVERTISE"))
+            port = int(os.environ.get("CKPTSTORE_PEER_PORT") or 0)
+            advertise = os.environ.get("CKPTSTORE_PEER_ADVERTISE")
+            try:
+                self.server = BlobServer(self.local.url, host=host, port=port, advertise=advertise)
+            except OSError as exc:
+                log.warning("no blob server on %s:%s (%s): this node's copies are not kept on peers", host, port, exc)
+                return
         try:
             self.client.register_blob_server(self.job, self.node, self.server.url, self.server.token)
         except ServiceUnavailableError as exc:

@@ -26,6 +26,7 @@ from datetime import datetime
 from typing import Any, ParamSpec, TypeVar
 
 import fsspec
+import numpy as np
 from fsspec.asyn import AsyncFileSystem
 from fsspec.implementations.local import LocalFileSystem
 
@@ -179,7 +180,10 @@ class Storage:
     def read_object(self, relpath: str) -> Buffer:
         """A whole object as a buffer (local: read straight into one numpy buffer)."""
         path = self.path(relpath)
-        return localfs.read_whole(path) if self.is_local else bytes(self.fs.cat_file(path))
+        if self.is_local:
+            return localfs.read_whole(path)
+        data = self.fs.cat_file(path)
+        return data if isinstance(data, np.ndarray) else bytes(data)  # a filesystem may read into an array
 
     def iter_object(self, relpath: str, chunk_size: int = UPLOAD_PART_SIZE) -> Iterator[memoryview | bytes]:
         """A whole object as a stream of chunks of at most `chunk_size` bytes (bounded memory)."""
@@ -222,7 +226,9 @@ class Storage:
             except Exception as exc:
                 return exc
 
-        if self.is_local or len(relpaths) <= 1:
+        # An async filesystem (s3fs, gcsfs) fetches a batch best itself; any other reads an object a
+        # thread, checked in that thread, so checks overlap the transfer of the others.
+        if self.is_local or len(relpaths) <= 1 or not isinstance(self.fs, AsyncFileSystem):
             scratch = threading.local()
 
             def read(relpath: str) -> Buffer | Exception:

@@ -2,18 +2,24 @@
 listing, verification, fallback and copying — runs unchanged on a peer's disk (`peer_store`).
 
 Read-only: a read is a GET (a range GET for part of a file), a size a HEAD, a listing one GET with
-`?list`. Failures become the OSErrors `ckptstore.storage.failures` reads: 404 missing, 401/403 denied,
-a lost connection or a 5xx unavailable — a peer is never waited for long (it is one of several
-sources), so connections time out in seconds and a failed request is tried once more only.
+`?list`. A whole file is read straight from the socket into one new buffer (`http.client`'s
+`readinto`): a restore from a peer moves each byte once, as a raw transfer does (bench/peers.py).
+Failures become the OSErrors `ckptstore.storage.failures` reads: 404 missing, 401/403 denied, a lost
+connection or a 5xx unavailable — a peer is never waited for long (it is one of several sources), so
+connections time out in seconds and a failed request is tried once more only.
 """
 
 from __future__ import annotations
 
 import errno
+import http.client
+import json
+import queue
 import time
 from typing import Any
+from urllib.parse import quote, urlencode, urlsplit
 
-import httpx
+import numpy as np
 from fsspec.spec import AbstractBufferedFile, AbstractFileSystem
 
 from ckptstore import Store
@@ -23,8 +29,19 @@ from ckptstore.threads import map_threads
 __all__ = ["PeerFileSystem", "peer_store"]
 
 _TRIES = 2
-_CONCURRENCY = 16
-_TIMEOUT = httpx.Timeout(60.0, connect=3.0)
+_CONCURRENCY = 4  # streams a batch of reads takes: as many as a store's writers (more only contend here)
+_CONNECT_TIMEOUT_S = 3.0
+_READ_TIMEOUT_S = 60.0
+
+
+class _Answer:
+    """A response read whole: its status, headers and body (a new buffer for a file's bytes)."""
+
+    def __init__(self, status: int, headers: http.client.HTTPMessage, body: np.ndarray):
+        self.status, self.headers, self.body = status, headers, body
+
+    def text(self) -> str:
+        return self.body[:300].tobytes().decode(errors="replace")
 
 
 class PeerFileSystem(AbstractFileSystem):
@@ -33,40 +50,70 @@ class PeerFileSystem(AbstractFileSystem):
     protocol = "ckptstore-peer"
     cachable = False
 
-    def __init__(self, url: str, token: str, *, http: httpx.Client | None = None):
+    def __init__(self, url: str, token: str):
         super().__init__()
         self.url = url.rstrip("/")
-        self.http = http or httpx.Client(
-            timeout=_TIMEOUT,
-            headers={"Authorization": f"Bearer {token}"},
-            limits=httpx.Limits(max_connections=_CONCURRENCY, max_keepalive_connections=_CONCURRENCY),
-        )
+        self._host = urlsplit(self.url).netloc
+        self._auth = f"Bearer {token}"
+        self._idle: queue.SimpleQueue[http.client.HTTPConnection] = queue.SimpleQueue()
+
+    # -- one request -----------------------------------------------------------------------------
 
     def _request(
         self, method: str, path: str, *, headers: dict[str, str] | None = None, params: dict[str, str] | None = None
-    ) -> httpx.Response:
+    ) -> _Answer:
         path = self._strip_protocol(path).removeprefix(self.url).strip("/")
-        error: OSError = ConnectionError(f"{method} {self.url}/{path}: not tried")
+        target = "/" + quote(path) + (f"?{urlencode(params)}" if params else "")
+        error: OSError = ConnectionError(f"peer {self.url}: {method} {path}: not tried")
         for attempt in range(_TRIES):
             try:
-                response = self.http.request(method, f"{self.url}/{path}", headers=headers, params=params)
-            except httpx.TransportError as exc:
+                answer = self._exchange(method, target, headers or {})
+            except (OSError, http.client.HTTPException) as exc:
                 error = ConnectionError(f"peer {self.url}: {method} {path}: {type(exc).__name__}: {exc}")
             else:
-                if response.is_success:
-                    return response
-                error = _status_error(self.url, method, path, response)
-                if response.status_code < 500:
+                if 200 <= answer.status < 300:
+                    return answer
+                error = _status_error(self.url, method, path, answer)
+                if answer.status < 500:
                     raise error
             if attempt + 1 < _TRIES:
                 time.sleep(0.2)
         raise error
 
+    def _exchange(self, method: str, target: str, headers: dict[str, str]) -> _Answer:
+        """One request on an idle kept-alive connection (or a new one); the body read into one new buffer."""
+        try:
+            connection = self._idle.get_nowait()
+        except queue.Empty:
+            connection = http.client.HTTPConnection(self._host, timeout=_CONNECT_TIMEOUT_S)
+            connection.connect()
+            assert connection.sock is not None
+            connection.sock.settimeout(_READ_TIMEOUT_S)
+        try:
+            connection.request(method, target, headers={"Authorization": self._auth, **headers})
+            response = connection.getresponse()
+            length = 0 if method == "HEAD" else int(response.getheader("content-length") or 0)
+            body = np.empty(length, dtype=np.uint8)
+            view, done = memoryview(body), 0
+            while done < length:
+                got = response.readinto(view[done:])
+                if not got:
+                    raise http.client.IncompleteRead(b"", length - done)
+                done += got
+            response.read()  # the end of the response, so the connection can be reused
+        except BaseException:
+            connection.close()
+            raise
+        self._idle.put(connection)
+        return _Answer(response.status, response.headers, body)
+
     # -- reading ---------------------------------------------------------------------------------
 
-    def cat_file(self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any) -> bytes:
-        headers = None if start is None and end is None else {"Range": _range(start or 0, end)}
-        return self._request("GET", path, headers=headers).content
+    def cat_file(self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any) -> Any:
+        """A whole file as one new uint8 array (moved once, from the socket); a range as bytes."""
+        if start is None and end is None:
+            return self._request("GET", path).body
+        return self._request("GET", path, headers={"Range": _range(start or 0, end)}).body.tobytes()
 
     def cat(
         self, path: Any, recursive: bool = False, on_error: str = "raise", batch_size: int | None = None, **kwargs: Any
@@ -77,8 +124,8 @@ class PeerFileSystem(AbstractFileSystem):
 
     def cat_ranges(
         self, paths: list[str], starts: Any, ends: Any, max_gap: Any = None, on_error: str = "return", **kwargs: Any
-    ) -> list[bytes | Exception]:
-        def fetch(i: int) -> bytes | Exception:
+    ) -> list[Any]:
+        def fetch(i: int) -> Any:
             try:
                 return self.cat_file(paths[i], starts[i], ends[i])
             except Exception as exc:
@@ -114,7 +161,7 @@ class PeerFileSystem(AbstractFileSystem):
         """The entries under the folder `path`, or None when there is no such folder."""
         params = {"list": "", "recursive": ""} if recursive else {"list": ""}
         try:
-            entries = self._request("GET", path, params=params).json()
+            entries = json.loads(self._request("GET", path, params=params).body.tobytes())
         except FileNotFoundError:
             return None
         return [{**entry, "name": f"{self.url}/{entry['name']}"} for entry in entries]
@@ -147,13 +194,13 @@ def _range(start: int, end: int | None) -> str:
     return f"bytes={start}-{'' if end is None else end - 1}"
 
 
-def _status_error(url: str, method: str, path: str, response: httpx.Response) -> OSError:
-    what = f"peer {url}: {method} {path} answered {response.status_code} {response.text[:200]}"
-    if response.status_code == 404:
+def _status_error(url: str, method: str, path: str, answer: _Answer) -> OSError:
+    what = f"peer {url}: {method} {path} answered {answer.status} {answer.text()}"
+    if answer.status == 404:
         return FileNotFoundError(errno.ENOENT, what)
-    if response.status_code in (401, 403):
+    if answer.status in (401, 403):
         return PermissionError(errno.EACCES, what)
-    if response.status_code >= 500:
+    if answer.status >= 500:
         return ConnectionError(what)
     return OSError(errno.EINVAL, what)
 

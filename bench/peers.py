@@ -68,7 +68,7 @@ def raw_get(url: str, token: str, path: str) -> np.ndarray:
     connection.request("GET", path, headers={"Authorization": f"Bearer {token}"})
     response = connection.getresponse()
     body = np.empty(int(response.getheader("content-length")), dtype=np.uint8)
-    view, done = memoryview(body), 0
+    view, done = body.data, 0
     while done < body.size:
         done += response.readinto(view[done:])
     connection.close()

@@ -94,52 +94,60 @@ def nginx_location() -> str:
     return block.group(1)
 
 
-class Nginx:
-    """Debian's nginx on a free loopback port, a round-robin proxy (the documented `location /`) in
-    front of `upstreams` ("127.0.0.1:port"), its files under `prefix`."""
+class NginxProcess:
+    """Debian's nginx on a free loopback port (`port`), its files under `prefix`: `start` writes its config
+    around the body of an `http` block and waits until it `answers`."""
 
-    def __init__(self, prefix: str, upstreams: list[str], *, worker_connections: int = 1024):
+    def start(self, prefix: str, http_block: str, *, worker_connections: int = 1024) -> None:
         binary = shutil.which("nginx") or "/usr/sbin/nginx"
         if not os.path.exists(binary):
             raise RuntimeError("nginx is not installed: scripts/test.sh installs Debian's nginx")
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
         os.makedirs(os.path.join(prefix, "logs"), exist_ok=True)
-        servers = "\n".join(f"        server {u};" for u in upstreams)
         config = os.path.join(prefix, "nginx.conf")
         with open(config, "w", encoding="utf-8") as handle:
             handle.write(
-                textwrap.dedent(
-                    f"""
-                    worker_processes 1;
-                    error_log {prefix}/logs/error.log;
-                    pid {prefix}/nginx.pid;
-                    events {{ worker_connections {worker_connections}; }}
-                    http {{
-                        access_log off;
-                        client_body_temp_path {prefix}/body;
-                        client_body_buffer_size 1m;  # a 4,096-node job's declaration stays in memory
-                        proxy_temp_path {prefix}/proxy;
-                        upstream ckptstore {{
-                    {servers}
-                            keepalive 64;
-                        }}
-                        server {{
-                            listen 127.0.0.1:{self.port};
-                    """
-                )
-                + textwrap.indent(nginx_location(), "    ")
-                + "\n    }\n}\n"
+                f"worker_processes 1;\nerror_log {prefix}/logs/error.log;\npid {prefix}/nginx.pid;\n"
+                f"events {{ worker_connections {worker_connections}; }}\nhttp {{\n"
+                f"    client_body_temp_path {prefix}/body;\n    proxy_temp_path {prefix}/proxy;\n{http_block}}}\n"
             )
         self.process = subprocess.Popen([binary, "-p", prefix, "-c", config, "-g", "daemon off;"])
         deadline = time.monotonic() + 20
-        while not self._answers():
+        while not self.answers():
             if time.monotonic() > deadline or self.process.poll() is not None:
                 self.stop()
                 raise RuntimeError(f"nginx did not start (see {prefix}/logs/error.log)")
             time.sleep(0.05)
 
-    def _answers(self) -> bool:
+    def answers(self) -> bool:
+        try:
+            socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+        except OSError:
+            return False
+        return True
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=20)
+
+
+class Nginx(NginxProcess):
+    """A round-robin proxy (the documented `location /`) in front of `upstreams` ("127.0.0.1:port")."""
+
+    def __init__(self, prefix: str, upstreams: list[str], *, worker_connections: int = 1024):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        servers = "\n".join(f"        server {u};" for u in upstreams)
+        http_block = (
+            "    access_log off;\n"
+            "    client_body_buffer_size 1m;  # a 4,096-node job's declaration stays in memory\n"
+            f"    upstream ckptstore {{\n{servers}\n        keepalive 64;\n    }}\n"
+            f"    server {{\n        listen 127.0.0.1:{self.port};\n"
+            + textwrap.indent(nginx_location(), "    ")
+            + "\n    }\n"
+        )
+        self.start(prefix, http_block, worker_connections=worker_connections)
+
+    def answers(self) -> bool:
         try:
             with socket.create_connection(("127.0.0.1", self.port), timeout=1) as sock:
                 sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
@@ -147,70 +155,39 @@ class Nginx:
         except OSError:
             return False
 
-    def stop(self) -> None:
-        self.process.terminate()
-        self.process.wait(timeout=20)
 
-
-class S3RequestLog:
-    """Debian's nginx in front of moto (`upstream`, "127.0.0.1:port"), writing one line per S3 request to
+class S3RequestLog(NginxProcess):
+    """A proxy in front of moto (`upstream`, "127.0.0.1:port") that writes one line per S3 request to
     `requests()`: "<method> <path> <status>" — what a job read from the durable tier, counted."""
 
     def __init__(self, prefix: str, upstream: str):
-        binary = shutil.which("nginx") or "/usr/sbin/nginx"
-        if not os.path.exists(binary):
-            raise RuntimeError("nginx is not installed: scripts/test.sh installs Debian's nginx")
         self.port = free_port()
         self.endpoint_url = f"http://127.0.0.1:{self.port}"
         self.log = os.path.join(prefix, "logs", "s3.log")
-        os.makedirs(os.path.dirname(self.log), exist_ok=True)
-        config = os.path.join(prefix, "nginx.conf")
-        with open(config, "w", encoding="utf-8") as handle:
-            handle.write(
-                textwrap.dedent(
-                    f"""
-                    worker_processes 1;
-                    error_log {prefix}/logs/error.log;
-                    pid {prefix}/nginx.pid;
-                    events {{ worker_connections 1024; }}
-                    http {{
-                        log_format requests '$request_method $uri $status';
-                        access_log {self.log} requests;
-                        client_body_temp_path {prefix}/body;
-                        proxy_temp_path {prefix}/proxy;
-                        server {{
-                            listen 127.0.0.1:{self.port};
-                            client_max_body_size 0;
-                            location / {{
-                                proxy_pass http://{upstream};
-                                proxy_http_version 1.1;
-                                proxy_set_header Host $http_host;
-                                proxy_set_header Connection "";
-                                proxy_request_buffering off;
-                                proxy_buffering off;
-                            }}
-                        }}
+        http_block = textwrap.indent(
+            textwrap.dedent(
+                f"""\
+                log_format requests '$request_method $uri $status';
+                access_log {self.log} requests;
+                server {{
+                    listen 127.0.0.1:{self.port};
+                    client_max_body_size 0;
+                    location / {{
+                        proxy_pass http://{upstream};
+                        proxy_http_version 1.1;
+                        proxy_set_header Host $http_host;
+                        proxy_set_header Connection "";
+                        proxy_request_buffering off;
+                        proxy_buffering off;
                     }}
-                    """
-                )
-            )
-        self.process = subprocess.Popen([binary, "-p", prefix, "-c", config, "-g", "daemon off;"])
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline or self.process.poll() is not None:
-                    self.stop()
-                    raise RuntimeError(f"nginx did not start (see {prefix}/logs/error.log)") from None
-                time.sleep(0.05)
+                }}
+                """
+            ),
+            "    ",
+        )
+        self.start(prefix, http_block)
 
     def requests(self) -> list[str]:
         """Every request logged so far (nginx writes each line as the request ends)."""
         with open(self.log, encoding="utf-8") as handle:
             return handle.read().splitlines()
-
-    def stop(self) -> None:
-        self.process.terminate()
-        self.process.wait(timeout=20)

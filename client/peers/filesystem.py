@@ -20,10 +20,11 @@ from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
 
 import numpy as np
-from fsspec.spec import AbstractBufferedFile, AbstractFileSystem
+from fsspec.spec import AbstractBufferedFile
 
 from ckptstore import Store
-from ckptstore.storage.filesystem import UPLOAD_PART_SIZE, Storage
+from ckptstore.storage.filesystem import Storage
+from ckptstore.storage.ranged import RangedReadFileSystem, range_header
 from ckptstore.threads import map_threads
 
 __all__ = ["PeerFileSystem", "peer_store"]
@@ -44,11 +45,22 @@ class _Answer:
         return self.body[:300].tobytes().decode(errors="replace")
 
 
-class PeerFileSystem(AbstractFileSystem):
+class PeerFile(AbstractBufferedFile):
+    """A streamed read of a peer's file, one range GET per block."""
+
+    fs: PeerFileSystem
+
+    def _fetch_range(self, start: int, end: int) -> bytes:
+        return self.fs.cat_file(self.path, start, end)
+
+
+class PeerFileSystem(RangedReadFileSystem):
     """The files of one blob server (`url`, with its `token`); paths are `<url>/own/…` or `<url>/held/…`."""
 
+    file_class = PeerFile
     protocol = "ckptstore-peer"
     cachable = False
+    read_only = True
 
     def __init__(self, url: str, token: str):
         super().__init__()
@@ -94,7 +106,7 @@ class PeerFileSystem(AbstractFileSystem):
             response = connection.getresponse()
             length = 0 if method == "HEAD" else int(response.getheader("content-length") or 0)
             body = np.empty(length, dtype=np.uint8)
-            view, done = memoryview(body), 0
+            view, done = body.data, 0
             while done < length:
                 got = response.readinto(view[done:])
                 if not got:
@@ -113,14 +125,7 @@ class PeerFileSystem(AbstractFileSystem):
         """A whole file as one new uint8 array (moved once, from the socket); a range as bytes."""
         if start is None and end is None:
             return self._request("GET", path).body
-        return self._request("GET", path, headers={"Range": _range(start or 0, end)}).body.tobytes()
-
-    def cat(
-        self, path: Any, recursive: bool = False, on_error: str = "raise", batch_size: int | None = None, **kwargs: Any
-    ) -> Any:
-        paths = [path] if isinstance(path, str) else list(path)
-        found = self.cat_ranges(paths, [None] * len(paths), [None] * len(paths), on_error=on_error)
-        return found[0] if isinstance(path, str) else dict(zip(paths, found))
+        return self._request("GET", path, headers={"Range": range_header(start or 0, end)}).body.tobytes()
 
     def cat_ranges(
         self, paths: list[str], starts: Any, ends: Any, max_gap: Any = None, on_error: str = "return", **kwargs: Any
@@ -165,33 +170,6 @@ class PeerFileSystem(AbstractFileSystem):
         except FileNotFoundError:
             return None
         return [{**entry, "name": f"{self.url}/{entry['name']}"} for entry in entries]
-
-    def _open(
-        self,
-        path: str,
-        mode: str = "rb",
-        block_size: Any = None,
-        autocommit: bool = True,
-        cache_options: Any = None,
-        **kwargs: Any,
-    ) -> PeerFile:
-        if mode != "rb":
-            raise PermissionError(errno.EROFS, f"a peer's blob server is read-only: {path}")
-        kwargs["cache_type"] = "none"
-        return PeerFile(self, path, mode, block_size or UPLOAD_PART_SIZE, **kwargs)
-
-
-class PeerFile(AbstractBufferedFile):
-    """A streamed read of a peer's file, one range GET per block."""
-
-    fs: PeerFileSystem
-
-    def _fetch_range(self, start: int, end: int) -> bytes:
-        return self.fs.cat_file(self.path, start, end)
-
-
-def _range(start: int, end: int | None) -> str:
-    return f"bytes={start}-{'' if end is None else end - 1}"
 
 
 def _status_error(url: str, method: str, path: str, answer: _Answer) -> OSError:

@@ -25,12 +25,13 @@ from typing import Any
 from urllib.parse import unquote
 
 import httpx
-from fsspec.spec import AbstractBufferedFile, AbstractFileSystem
+from fsspec.spec import AbstractBufferedFile
 
 from ckptstore.client.service.signed_urls import SignedUrlSource
 from ckptstore.errors import CheckpointNotFoundError, FencedError, RequestRejectedError, ServiceUnavailableError
 from ckptstore.format.layout import PROBE_DIR
-from ckptstore.storage.filesystem import UPLOAD_PART_SIZE, Storage
+from ckptstore.storage.filesystem import Storage
+from ckptstore.storage.ranged import RangedReadFileSystem, range_header
 from ckptstore.threads import map_threads
 from ckptstore.wire.presign import SignedUrl, UrlWanted
 
@@ -42,10 +43,74 @@ _CONCURRENCY = 16  # requests in flight for a batch of reads, listings' deletes
 _XML = "{*}"  # S3 answers in its namespace, GCS's XML API in another
 
 
-class PresignedFileSystem(AbstractFileSystem):
+class PresignedFile(AbstractBufferedFile):
+    """A streamed read (range GETs) or write: one PUT for an object of at most one part, else a multipart
+    upload that sends each part as it fills and completes at close (`discard` aborts it)."""
+
+    fs: PresignedFileSystem
+
+    def _fetch_range(self, start: int, end: int) -> bytes:
+        return self.fs.cat_file(self.path, start, end)
+
+    def _initiate_upload(self) -> None:
+        self._key = self.fs.key(self.path)
+        self._upload_id: str | None = None
+        self._etags: list[str] = []
+        self._part_urls: dict[int, SignedUrl] = {}
+
+    def _upload_chunk(self, final: bool = False) -> bool:
+        data = self.buffer.getvalue()
+        if final and self._upload_id is None:
+            self.fs.request(UrlWanted(method="PUT", key=self._key), content=data, allow=(412,))
+            return True
+        if self._upload_id is None:
+            started = self.fs.request(UrlWanted(method="POST", key=self._key))
+            self._upload_id = _xml_text(started.content, "UploadId")
+        if data:
+            self._send_part(data)
+        if final:
+            self._complete()
+        return True
+
+    def _send_part(self, data: bytes) -> None:
+        number = len(self._etags) + 1
+        if number not in self._part_urls:
+            wanted = [self._part(n) for n in range(number, number + _PARTS_AHEAD)]
+            self._part_urls = dict(zip(range(number, number + _PARTS_AHEAD), self.fs._signed_all(wanted)))
+        sent = self.fs.request(self._part(number), content=data, signed=self._part_urls.pop(number))
+        self._etags.append(sent.headers["etag"])
+
+    def _part(self, number: int) -> UrlWanted:
+        return UrlWanted(method="PUT", key=self._key, upload_id=self._upload_id, part=number)
+
+    def _complete(self) -> None:
+        parts = "".join(
+            f"<Part><PartNumber>{n}</PartNumber><ETag>{e}</ETag></Part>" for n, e in enumerate(self._etags, 1)
+        )
+        body = f"<CompleteMultipartUpload>{parts}</CompleteMultipartUpload>".encode()
+        done = self.fs.request(
+            UrlWanted(method="POST", key=self._key, upload_id=self._upload_id), content=body, allow=(412,)
+        )
+        if done.status_code == 412:
+            self._abort()  # the blob was there already: this upload is not needed
+        elif b"<Error>" in done.content:  # S3 may answer 200 and fail the completion in the body
+            raise ConnectionError(f"completing the upload of {self._key} failed: {done.text[:300]}")
+
+    def _abort(self) -> None:
+        if self._upload_id is not None:
+            self.fs.request(UrlWanted(method="DELETE", key=self._key, upload_id=self._upload_id), allow=(404,))
+            self._upload_id = None
+
+    def discard(self) -> None:
+        if getattr(self, "_upload_id", None) is not None:
+            self._abort()
+
+
+class PresignedFileSystem(RangedReadFileSystem):
     """The objects of one job's storage root (`root`, as fsspec strips it: `bucket/prefix`), reached
     through signed URLs; every path is `root/key`, `key` relative to the job's root."""
 
+    file_class = PresignedFile
     protocol = "ckptstore-presigned"
     cachable = False
 
@@ -129,15 +194,8 @@ class PresignedFileSystem(AbstractFileSystem):
     # -- reading ---------------------------------------------------------------------------------
 
     def cat_file(self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any) -> bytes:
-        headers = None if start is None and end is None else {"Range": _range(start or 0, end)}
+        headers = None if start is None and end is None else {"Range": range_header(start or 0, end)}
         return self.request(UrlWanted(method="GET", key=self.key(path)), headers=headers).content
-
-    def cat(
-        self, path: Any, recursive: bool = False, on_error: str = "raise", batch_size: int | None = None, **kwargs: Any
-    ) -> Any:
-        paths = [path] if isinstance(path, str) else list(path)
-        found = self.cat_ranges(paths, [None] * len(paths), [None] * len(paths), on_error=on_error)
-        return found[0] if isinstance(path, str) else dict(zip(paths, found))
 
     def cat_ranges(
         self, paths: list[str], starts: Any, ends: Any, max_gap: Any = None, on_error: str = "return", **kwargs: Any
@@ -146,7 +204,9 @@ class PresignedFileSystem(AbstractFileSystem):
         signed = self._signed_all(wanted) if wanted else []
 
         def fetch(i: int) -> bytes | Exception:
-            headers = None if starts[i] is None and ends[i] is None else {"Range": _range(starts[i] or 0, ends[i])}
+            headers = (
+                None if starts[i] is None and ends[i] is None else {"Range": range_header(starts[i] or 0, ends[i])}
+            )
             try:
                 return self.request(wanted[i], headers=headers, signed=signed[i]).content
             except Exception as exc:
@@ -211,18 +271,6 @@ class PresignedFileSystem(AbstractFileSystem):
         """One PUT; a create-only upload that finds its blob there already has written it."""
         self.request(UrlWanted(method="PUT", key=self.key(path)), content=bytes(value), allow=(412,))
 
-    def _open(
-        self,
-        path: str,
-        mode: str = "rb",
-        block_size: Any = None,
-        autocommit: bool = True,
-        cache_options: Any = None,
-        **kwargs: Any,
-    ) -> PresignedFile:
-        kwargs["cache_type"] = "none"
-        return PresignedFile(self, path, mode, block_size or UPLOAD_PART_SIZE, **kwargs)
-
     def rm_file(self, path: str) -> None:
         self.request(UrlWanted(method="DELETE", key=self.key(path)))
 
@@ -233,73 +281,6 @@ class PresignedFileSystem(AbstractFileSystem):
         wanted = [UrlWanted(method="DELETE", key=key) for key in dict.fromkeys(keys)]
         signed = self._signed_all(wanted) if wanted else []
         map_threads(lambda i: self.request(wanted[i], signed=signed[i]), range(len(wanted)), _CONCURRENCY)
-
-
-class PresignedFile(AbstractBufferedFile):
-    """A streamed read (range GETs) or write: one PUT for an object of at most one part, else a multipart
-    upload that sends each part as it fills and completes at close (`discard` aborts it)."""
-
-    fs: PresignedFileSystem
-
-    def _fetch_range(self, start: int, end: int) -> bytes:
-        return self.fs.cat_file(self.path, start, end)
-
-    def _initiate_upload(self) -> None:
-        self._key = self.fs.key(self.path)
-        self._upload_id: str | None = None
-        self._etags: list[str] = []
-        self._part_urls: dict[int, SignedUrl] = {}
-
-    def _upload_chunk(self, final: bool = False) -> bool:
-        data = self.buffer.getvalue()
-        if final and self._upload_id is None:
-            self.fs.request(UrlWanted(method="PUT", key=self._key), content=data, allow=(412,))
-            return True
-        if self._upload_id is None:
-            started = self.fs.request(UrlWanted(method="POST", key=self._key))
-            self._upload_id = _xml_text(started.content, "UploadId")
-        if data:
-            self._send_part(data)
-        if final:
-            self._complete()
-        return True
-
-    def _send_part(self, data: bytes) -> None:
-        number = len(self._etags) + 1
-        if number not in self._part_urls:
-            wanted = [self._part(n) for n in range(number, number + _PARTS_AHEAD)]
-            self._part_urls = dict(zip(range(number, number + _PARTS_AHEAD), self.fs._signed_all(wanted)))
-        sent = self.fs.request(self._part(number), content=data, signed=self._part_urls.pop(number))
-        self._etags.append(sent.headers["etag"])
-
-    def _part(self, number: int) -> UrlWanted:
-        return UrlWanted(method="PUT", key=self._key, upload_id=self._upload_id, part=number)
-
-    def _complete(self) -> None:
-        parts = "".join(
-            f"<Part><PartNumber>{n}</PartNumber><ETag>{e}</ETag></Part>" for n, e in enumerate(self._etags, 1)
-        )
-        body = f"<CompleteMultipartUpload>{parts}</CompleteMultipartUpload>".encode()
-        done = self.fs.request(
-            UrlWanted(method="POST", key=self._key, upload_id=self._upload_id), content=body, allow=(412,)
-        )
-        if done.status_code == 412:
-            self._abort()  # the blob was there already: this upload is not needed
-        elif b"<Error>" in done.content:  # S3 may answer 200 and fail the completion in the body
-            raise ConnectionError(f"completing the upload of {self._key} failed: {done.text[:300]}")
-
-    def _abort(self) -> None:
-        if self._upload_id is not None:
-            self.fs.request(UrlWanted(method="DELETE", key=self._key, upload_id=self._upload_id), allow=(404,))
-            self._upload_id = None
-
-    def discard(self) -> None:
-        if getattr(self, "_upload_id", None) is not None:
-            self._abort()
-
-
-def _range(start: int, end: int | None) -> str:
-    return f"bytes={start}-{'' if end is None else end - 1}"
 
 
 def _xml_text(document: bytes, tag: str) -> str:

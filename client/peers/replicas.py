@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from ckptstore import CopyKey, Store
 from ckptstore.client.peers.blob_server import HELD_DIR, BlobServer
 from ckptstore.client.peers.replication import PeerReplicator
-from ckptstore.client.peers.ring import held_by
+from ckptstore.client.peers.ring import held_by, holders_of
 from ckptstore.client.peers.tier import peer_tier
 from ckptstore.client.service.rest import ServiceClient
 from ckptstore.client.service.wire import Commit
@@ -77,6 +77,13 @@ class PeerReplicas:
 
     def follow(self, nodes: Sequence[str]) -> None:
         """Start keeping the copies of the nodes this one holds for, among the job's `nodes`."""
+        if not holders_of(self.node, nodes, self.replicas):
+            log.warning(
+                "peer_replicas=%d, but job %s has no other node to keep %s's copies: they stay on its own disk",
+                self.replicas,
+                self.job,
+                self.node,
+            )
         sources = held_by(self.node, nodes, self.replicas)
         if self._replicator is not None or not sources:
             return

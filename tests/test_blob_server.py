@@ -124,3 +124,45 @@ def test_the_service_records_blob_servers_and_peer_copies_of_the_jobs_nodes(serv
         answer = http.get(f"/v1/jobs/{job}/last-good-epoch", params={"node": "n0"}).json()
         copies = answer["nodes"]["n0"]["copies"]
         assert [(c["tier"], c["location"]) for c in copies] == [("peer", body["location"])]
+
+
+def test_a_holder_pulls_a_nodes_newest_attempt_records_it_and_keeps_the_newest_few(sqlite_service, tmp_path):
+    from ckptstore.client import ServiceClient
+    from ckptstore.client.peers.replication import PeerReplicator
+    from ckptstore.client.service.wire import commit_request
+
+    job = f"pull-{uuid.uuid4().hex[:6]}"
+    owner = Store(str(tmp_path / "owner"), tier="local")
+    for epoch, attempt in ((2, 1), (3, 1), (1, 2)):  # attempt 2 resumed from epoch 0: its epoch 1 is the newest
+        key = owner.key(job, "n0", Position(epoch), attempt).on("local")
+        owner.write(key, {"w": np.full(1000, epoch * 10 + attempt, np.float32)})
+    server = BlobServer(owner.url, host="127.0.0.1")
+    held = Store(str(tmp_path / "holder" / HELD_DIR), tier="peer")
+    commits, marks = [], []
+    with ServiceClient(sqlite_service.live.url) as client:
+        client.put_job(job, ["n0", "n1"], storage_root=sqlite_service.storage, local_root=owner.url)
+        client.register_blob_server(job, "n0", server.url, server.token)
+        replicator = PeerReplicator(
+            held=held,
+            client=client,
+            job=job,
+            node="n1",
+            sources=["n0"],
+            keep=1,
+            commit=commits.append,
+            mark=lambda *marked: marks.append(marked),
+        )
+        try:
+            replicator._pull_newest("n0")
+            assert [(k.position.epoch, k.attempt) for k in held.manifest_keys(job, "n0")] == [(1, "2")]
+            key = owner.key(job, "n0", Position(4), 2).on("local")
+            owner.write(key, {"w": np.zeros(1000, np.float32)})
+            replicator._pull_newest("n0")
+        finally:
+            server.close()
+        assert [(k.position.epoch, k.attempt) for k in held.manifest_keys(job, "n0")] == [(4, "2")], "keep=1"
+        assert [(m[0].position.epoch, m[1], m[2]) for m in marks] == [(1, "deleted", "retention")]
+        locations = [commit_request(c).location for c in commits]
+        assert locations == [f"peer://n1/{job}/n0/0000000001/2", f"peer://n1/{job}/n0/0000000004/2"]
+        recorded = client.commit_many(job, commits)
+        assert all(not isinstance(r, Exception) and r.tier == "peer" for r in recorded), recorded

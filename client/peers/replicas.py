@@ -11,13 +11,12 @@ from collections.abc import Callable, Sequence
 
 from ckptstore import CopyKey, Store
 from ckptstore.client.peers.blob_server import HELD_DIR, BlobServer
-from ckptstore.client.peers.replication import PeerReplicator
+from ckptstore.client.peers.replication import PeerReplicator, copy_order
 from ckptstore.client.peers.ring import held_by, holders_of
 from ckptstore.client.peers.tier import peer_tier
 from ckptstore.client.service.rest import ServiceClient
 from ckptstore.client.service.wire import Commit
 from ckptstore.errors import ServiceUnavailableError
-from ckptstore.names import attempt_sort_key
 from ckptstore.wire.schema import LastGood, MarkCause, MarkState
 
 __all__ = ["PeerReplicas", "HELD_WAIT_S"]
@@ -105,7 +104,7 @@ class PeerReplicas:
         keys = self.local.manifest_keys(self.job, self.node)
         if not keys:
             return True
-        newest = max(keys, key=lambda k: (k.position, attempt_sort_key(k.attempt)))
+        newest = max(keys, key=copy_order)
         if newest == self._waited:
             return True  # waited for already (found held, or said it was not)
         self._waited = newest

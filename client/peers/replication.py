@@ -27,14 +27,16 @@ from ckptstore.format.layout import checkpoint_location
 from ckptstore.names import attempt_sort_key
 from ckptstore.wire.schema import PEER_SCHEME, BlobServerInfo, MarkCause, MarkState
 
-__all__ = ["PeerReplicator", "PULL_INTERVAL_S"]
+__all__ = ["PeerReplicator", "PULL_INTERVAL_S", "copy_order"]
 
 log = logging.getLogger("ckptstore.client")
 PULL_INTERVAL_S = 0.5  # how often a holder looks for a newer copy of the nodes it holds for
 
 
-def _newest_first(key: CopyKey) -> tuple[object, ...]:
-    return (key.position, attempt_sort_key(key.attempt))
+def copy_order(key: CopyKey) -> tuple[object, ...]:
+    """Sorts a node's copies oldest to newest: by attempt, then position — a newer attempt's copy
+    supersedes every copy of an older one (its timeline went on from an earlier position)."""
+    return (attempt_sort_key(key.attempt), key.position)
 
 
 class PeerReplicator:
@@ -109,11 +111,11 @@ class PeerReplicator:
         store = self._source(source)
         if store is None:
             return
-        offered = sorted(store.manifest_keys(self.job, source), key=_newest_first)
+        offered = sorted(store.manifest_keys(self.job, source), key=copy_order)
         self._unreachable.discard(source)
-        held = sorted(self.held.manifest_keys(self.job, source), key=_newest_first)
-        newest_held = _newest_first(held[-1]) if held else None
-        fresh = [k for k in offered if newest_held is None or _newest_first(k) > newest_held]
+        held = sorted(self.held.manifest_keys(self.job, source), key=copy_order)
+        newest_held = copy_order(held[-1]) if held else None
+        fresh = [k for k in offered if newest_held is None or copy_order(k) > newest_held]
         if not fresh or (store.url, fresh[-1]) in self._failed:
             return
         newest = fresh[-1]

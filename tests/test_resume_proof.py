@@ -132,3 +132,38 @@ def test_a_peek_whose_next_iterator_goes_on_from_it_is_unverified_not_exact(tmp_
     assert manager.audit.verdict == "unverified", manager.audit
     assert any("another iterator was made after its first ids were seen" in d for d in manager.audit.differences)
     manager.close()
+
+
+def test_torchdata_shuffling_resumed_after_an_epoch_end_is_never_called_exact_on_a_prediction(tmp_path):
+    """torchdata's `StatefulDataLoader(shuffle=True, generator=…)` saved at an epoch's end draws the next
+    epoch's order from its generator as the next iterator is made — after the save. Predicting that order
+    from the generator at the save would be a belief: a loop that uses the generator between epochs
+    trains another order after a resume (torchdata sets the saved state back), and the prediction would
+    match the resumed run, not the saved one. So the verdict stays unverified, never exact (this test
+    failed with such a prediction: `exact` over a resume that drew other samples)."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    def loop():
+        dataset = torch.utils.data.TensorDataset(torch.arange(SAMPLES, dtype=torch.float32).reshape(-1, 1))
+        loader = StatefulDataLoader(dataset, batch_size=BATCH, shuffle=True, generator=torch.Generator().manual_seed(7))
+        manager = CheckpointManager(
+            objects={"data": loader}, storage=str(tmp_path), job="epoch-end", node="n0", async_save=False
+        )
+        return manager, loader
+
+    manager, loader = loop()
+    manager.restore_or_initialize()
+    for _ in loader:  # epoch 0
+        pass
+    manager.save(0)
+    torch.randint(10, (1,), generator=loader.generator)  # the loop uses the generator between epochs
+    uninterrupted = next(iter(loader))[0].flatten().tolist()
+    manager.close()
+    manager, loader = loop()
+    assert manager.restore_or_initialize() == 1
+    torch.randint(10, (1,), generator=loader.generator)
+    resumed = next(iter(loader))[0].flatten().tolist()
+    manager.checkpoint_if_preempted(1, 1)
+    assert resumed != uninterrupted, "the premise: this resume is not exact"
+    assert manager.audit.verdict == "unverified", manager.audit
+    manager.close()

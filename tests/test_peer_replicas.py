@@ -148,6 +148,7 @@ def test_a_peer_dying_mid_transfer_is_passed_over_for_the_durable_tier(peer_job,
         peer.kill()
     assert [r.splitlines()[0] for r in resumed] == ["RESUMED 1 6", "RESUMED 1 6"]
     assert "(durable copy" in resumed[0] and "went away" in resumed[0], resumed[0][-3000:]
+    assert "no node that keeps this node's copies is running" in resumed[0], "the end of the run does not wait"
     assert peer_job.blob_reads(since)
     for got, want in zip(resumed, baseline, strict=True):
         assert_bit_equal(final(got), want)

@@ -10,13 +10,14 @@ import time
 from collections.abc import Callable, Sequence
 
 from ckptstore import CopyKey, Store
-from ckptstore.client.peers.blob_server import HELD_DIR, BlobServer
+from ckptstore.client.peers.blob_server import HELD, HELD_DIR, BlobServer
+from ckptstore.client.peers.filesystem import peer_store
 from ckptstore.client.peers.replication import PeerReplicator, copy_order
 from ckptstore.client.peers.ring import held_by, holders_of
 from ckptstore.client.peers.tier import peer_tier
 from ckptstore.client.service.rest import ServiceClient
 from ckptstore.client.service.wire import Commit
-from ckptstore.errors import ServiceUnavailableError
+from ckptstore.errors import ServiceUnavailableError, StorageUnavailableError
 from ckptstore.wire.schema import LastGood, MarkCause, MarkState
 
 __all__ = ["PeerReplicas", "HELD_WAIT_S"]
@@ -48,6 +49,7 @@ class PeerReplicas:
         self.server: BlobServer | None = None
         self._replicator: PeerReplicator | None = None
         self._waited: CopyKey | None = None  # the newest copy `wait_until_held` last waited for
+        self._holders: list[str] = []  # the nodes that keep this node's copies (`follow`)
 
     def serve(self) -> None:
         """Start the blob server and say where it answers (a start does this before it restores: the nodes
@@ -76,7 +78,8 @@ class PeerReplicas:
 
     def follow(self, nodes: Sequence[str]) -> None:
         """Start keeping the copies of the nodes this one holds for, among the job's `nodes`."""
-        if not holders_of(self.node, nodes, self.replicas):
+        self._holders = holders_of(self.node, nodes, self.replicas)
+        if not self._holders:
             log.warning(
                 "peer_replicas=%d, but job %s has no other node to keep %s's copies: they stay on its own disk",
                 self.replicas,
@@ -109,19 +112,40 @@ class PeerReplicas:
             return True  # waited for already (found held, or said it was not)
         self._waited = newest
         deadline = time.monotonic() + timeout
+        polls = 0
         while True:
             try:
                 records = self.client.list_checkpoints(self.job, node=self.node, epoch=newest.position.epoch)
+                running = True if polls % 10 else self._holder_running()  # asked every 2 s
             except ServiceUnavailableError:
-                records = []
+                records, running = [], True
             if any(r.key == newest.on("peer") and r.state == "committed" for r in records):
                 return True
-            if time.monotonic() >= deadline:
-                log.warning(
-                    "no peer recorded a replica of %s within %.0f s: it is on this node's disk only", newest, timeout
+            if not running or time.monotonic() >= deadline:
+                why = (
+                    "no node that keeps this node's copies is running"
+                    if not running
+                    else f"none within {timeout:.0f} s"
                 )
+                log.warning("no peer recorded a replica of %s (%s): it is on this node's disk only", newest, why)
                 return False
+            polls += 1
             time.sleep(0.2)
+
+    def _holder_running(self) -> bool:
+        """Whether the blob server of a node that keeps this node's copies answers (one that has stopped
+        pulls nothing more)."""
+        servers = self.client.blob_servers(self.job)
+        for holder in self._holders:
+            server = servers.get(holder)
+            if server is None:
+                continue
+            try:
+                peer_store(server.url, server.token, HELD).list_nodes(self.job)
+            except StorageUnavailableError:
+                continue
+            return True
+        return False
 
     def summary(self) -> str | None:
         return None if self._replicator is None else self._replicator.summary()

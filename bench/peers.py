@@ -48,7 +48,7 @@ S3 = {"key": "testing", "secret": "testing"}
 SERVE = (
     "import sys, threading\n"
     "from ckptstore.client.peers.blob_server import BlobServer\n"
-    "server = BlobServer(sys.argv[1], host='127.0.0.1')\n"
+    "server = BlobServer(sys.argv[1], 'job', host='127.0.0.1')\n"
     "print(server.url, server.token, flush=True)\n"
     "threading.Event().wait()\n"
 )

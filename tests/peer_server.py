@@ -39,7 +39,7 @@ def main() -> None:
     from ckptstore.client import ServiceClient
     from ckptstore.client.peers.blob_server import BlobServer
 
-    server = BlobServer(args.root, host="127.0.0.1")
+    server = BlobServer(args.root, args.job, host="127.0.0.1")
     with ServiceClient(args.service) as client:
         client.register_blob_server(args.job, args.node, server.url, server.token)
     print(f"READY {server.url}", flush=True)

@@ -26,7 +26,7 @@ def served(tmp_path):
     local = Store(str(tmp_path / "local"), tier="local")
     arrays = {"w": np.arange(50_000, dtype=np.float32), "b": np.ones(7)}
     local.write(local.key("j", "n0", Position(1), 1).on("local"), arrays, step=5)
-    server = BlobServer(local.url, host="127.0.0.1")
+    server = BlobServer(local.url, "j", host="127.0.0.1")
     yield local, server, arrays
     server.close()
 
@@ -43,7 +43,18 @@ def test_a_blob_server_answers_its_token_only_and_never_outside_its_root(served,
     (tmp_path / "secret").write_text("outside")
     os.symlink(tmp_path / "secret", os.path.join(local.url, "j", "link"))
     os.makedirs(os.path.join(local.url, HELD_DIR, "j"))
-    for path in ("/own/../secret", "/own/%2e%2e/secret", "/own/j/link", f"/own/{HELD_DIR}/j", "/etc/passwd", "/"):
+    assert httpx.get(manifest, headers=auth | {"Range": "bytes=9-2"}).status_code == 416
+    local.write(local.key("other", "n0", Position(1), 1).on("local"), {"x": np.ones(3)})  # another job, same root
+    for path in (
+        "/own/../secret",
+        "/own/%2e%2e/secret",
+        "/own/j/link",
+        f"/own/{HELD_DIR}/j",
+        "/own/other/n0/0000000001/1/MANIFEST.json",
+        "/own?list",
+        "/etc/passwd",
+        "/",
+    ):
         assert httpx.get(server.url + path, headers=auth).status_code == 404, path
     listed = httpx.get(f"{server.url}/{OWN}/j/n0", params={"list": ""}, headers=auth).json()
     assert {entry["name"] for entry in listed} == {f"{OWN}/j/n0/.blobs", f"{OWN}/j/n0/0000000001"}
@@ -136,7 +147,7 @@ def test_a_holder_pulls_a_nodes_newest_attempt_records_it_and_keeps_the_newest_f
     for epoch, attempt in ((2, 1), (3, 1), (1, 2)):  # attempt 2 resumed from epoch 0: its epoch 1 is the newest
         key = owner.key(job, "n0", Position(epoch), attempt).on("local")
         owner.write(key, {"w": np.full(1000, epoch * 10 + attempt, np.float32)})
-    server = BlobServer(owner.url, host="127.0.0.1")
+    server = BlobServer(owner.url, job, host="127.0.0.1")
     held = Store(str(tmp_path / "holder" / HELD_DIR), tier="peer")
     commits, marks = [], []
     with ServiceClient(sqlite_service.live.url) as client:

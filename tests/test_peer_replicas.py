@@ -104,6 +104,7 @@ def test_a_new_machine_restores_from_the_peer_replica_and_reads_no_blob_from_s3(
     resumed = ranks(peer_job.tmp, 2, *peer_job.args())
     assert [r.splitlines()[0] for r in resumed] == ["RESUMED 1 6", "RESUMED 1 6"]
     assert "(peer copy" in resumed[0], resumed[0][-3000:]
+    assert "node-0 keeps the copies of node-1, which runs on the same machine" in resumed[0], "said: one host here"
     assert peer_job.blob_reads(since) == [], "rank 0 read no tensor blob from S3"
     for got, want in zip(resumed, baseline, strict=True):
         assert_bit_equal(final(got), want)
@@ -171,7 +172,7 @@ def test_prestage_from_a_peer_fills_a_new_local_tier_and_nothing_is_read_from_s3
     finally:
         peer.kill()
     assert staged.returncode == 0, staged.stderr
-    assert "peer" in staged.stdout + staged.stderr, staged.stdout + staged.stderr
+    assert f"peer://node-1/{peer_job.job}/node-0/" in staged.stdout, staged.stdout + staged.stderr  # its source
     local = Store(peer_job.local, tier="local")
     assert local.copies(peer_job.job, "node-0", Position(1, 6)), "staged into the new local tier"
     resumed = ranks(peer_job.tmp, 2, *peer_job.args())

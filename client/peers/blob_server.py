@@ -1,14 +1,15 @@
 """The read-only HTTP server of a training process's local tier, for the job's other nodes: a peer pulls
 the copies it holds for this node from it, and a node restoring reads the copies this one holds for it.
 
-    GET|HEAD /own/<path>         a file of the local tier (Range: bytes=a-b answered 206)
-    GET|HEAD /held/<path>        a file of the copies this node holds for others (<local root>/.peers)
-    GET /own|held/<path>?list    the entries under a folder, JSON: [{"name", "size", "type", "mtime"}];
+    GET|HEAD /own/<job>/<path>   a file of the job on the local tier (Range: bytes=a-b answered 206)
+    GET|HEAD /held/<job>/<path>  a file of the copies this node holds for others (<local root>/.peers)
+    GET /own|held/<job>/…?list   the entries under a folder, JSON: [{"name", "size", "type", "mtime"}];
                                  &recursive lists every file below it
 
 Every request carries `Authorization: Bearer <token>` (the token this process registered with the
-service); a path is a few names of the storage layout's characters, never `..`, and never leaves the
-root through a link. Files are sent with sendfile(2), so a transfer costs the kernel's copy only.
+service, for one job); a path names that job's folder or something in it — a few names of the storage
+layout's characters, never `..` —, and never leaves the root through a link: a local root that other
+jobs share shows them nothing. Files are sent with sendfile(2), so a transfer costs the kernel's copy only.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from ckptstore.names import validate_name
+
 __all__ = ["BlobServer", "HELD_DIR", "OWN", "HELD"]
 
 HELD_DIR = ".peers"  # under a local tier root: the copies this node holds for other nodes
@@ -32,17 +35,24 @@ OWN, HELD = "own", "held"  # the two roots a blob server serves
 _SEGMENT = re.compile(r"[A-Za-z0-9._-]{1,255}\Z")
 
 
-class BlobServer:
-    """Serves `local_root` (as /own) and `local_root/.peers` (as /held) on `host`, from a thread of its own;
-    `url` is where the job's other nodes reach it (`advertise`: the host name they use)."""
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 128  # a restore's readers and a holder's pulls connect at once (read at listen)
 
-    def __init__(self, local_root: str, *, host: str = "0.0.0.0", port: int = 0, advertise: str | None = None):
+
+class BlobServer:
+    """Serves `job`'s folders of `local_root` (as /own) and of `local_root/.peers` (as /held) on `host`, from
+    a thread of its own; `url` is where the job's other nodes reach it (`advertise`: the host name they use)."""
+
+    def __init__(
+        self, local_root: str, job: str, *, host: str = "0.0.0.0", port: int = 0, advertise: str | None = None
+    ):
         self.token = secrets.token_urlsafe(32)
         roots = {OWN: os.path.realpath(local_root), HELD: os.path.realpath(os.path.join(local_root, HELD_DIR))}
         self._connections: set[socket.socket] = set()
-        self._server = ThreadingHTTPServer((host, port), _handler(roots, self.token, self._connections))
-        self._server.daemon_threads = True
-        self._server.request_queue_size = 128
+        self._server = _Server(
+            (host, port), _handler(roots, validate_name(job, kind="job"), self.token, self._connections)
+        )
         name = advertise or (host if host not in ("0.0.0.0", "") else _own_address())
         self.url = f"http://{name}:{self._server.server_address[1]}"
         self._thread = threading.Thread(target=self._server.serve_forever, name="ckptstore-blob-server", daemon=True)
@@ -67,7 +77,9 @@ def _own_address() -> str:
         return socket.gethostname()
 
 
-def _handler(roots: dict[str, str], token: str, connections: set[socket.socket]) -> type[BaseHTTPRequestHandler]:
+def _handler(
+    roots: dict[str, str], job: str, token: str, connections: set[socket.socket]
+) -> type[BaseHTTPRequestHandler]:
     expected = f"Bearer {token}".encode()
 
     class Handler(BaseHTTPRequestHandler):
@@ -97,7 +109,7 @@ def _handler(roots: dict[str, str], token: str, connections: set[socket.socket])
                 self._fail(HTTPStatus.UNAUTHORIZED, "a job's blob server answers its token only")
                 return
             parts = urlsplit(self.path)
-            path = _local_path(roots, unquote(parts.path))
+            path = _local_path(roots, job, unquote(parts.path))
             if path is None:
                 self._fail(HTTPStatus.NOT_FOUND, "no such path")
                 return
@@ -128,7 +140,7 @@ def _handler(roots: dict[str, str], token: str, connections: set[socket.socket])
                 if wanted:
                     start = int(wanted.group(1))
                     end = min(size, int(wanted.group(2)) + 1) if wanted.group(2) else size
-                    if start >= size and size:
+                    if (start >= size and size) or end < start:
                         self._fail(HTTPStatus.REQUESTED_RANGE_NOT_SATISFIABLE, "range past the end")
                         return
                 self.send_response(HTTPStatus.PARTIAL_CONTENT if wanted else HTTPStatus.OK)
@@ -158,15 +170,15 @@ def _handler(roots: dict[str, str], token: str, connections: set[socket.socket])
     return Handler
 
 
-def _local_path(roots: dict[str, str], path: str) -> str | None:
-    """The file or folder a request path names under its root, or None: an unknown root, a name outside
-    the layout's characters, `.`/`..`, a hidden first name under /own (the held copies, probes), or a
-    link that leads out of the root."""
+def _local_path(roots: dict[str, str], job: str, path: str) -> str | None:
+    """The file or folder a request path names under its root, or None: an unknown root, another job's
+    folder (or none), a name outside the layout's characters, `.`/`..`, or a link that leads out of the
+    root."""
     names = [n for n in path.split("/") if n]
-    if not names or names[0] not in roots:
+    if len(names) < 2 or names[0] not in roots or names[1] != job:
         return None
     root, names = roots[names[0]], names[1:]
-    if any(not _SEGMENT.match(n) or n in (".", "..") for n in names) or (names and names[0].startswith(".")):
+    if any(not _SEGMENT.match(n) or n in (".", "..") for n in names):
         return None
     found = os.path.realpath(os.path.join(root, *names))
     return found if found == root or found.startswith(root + os.sep) else None

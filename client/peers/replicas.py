@@ -59,7 +59,7 @@ class PeerReplicas:
             port = int(os.environ.get("CKPTSTORE_PEER_PORT") or 0)
             advertise = os.environ.get("CKPTSTORE_PEER_ADVERTISE")
             try:
-                self.server = BlobServer(self.local.url, host=host, port=port, advertise=advertise)
+                self.server = BlobServer(self.local.url, self.job, host=host, port=port, advertise=advertise)
             except OSError as exc:
                 log.warning("no blob server on %s:%s (%s): this node's copies are not kept on peers", host, port, exc)
                 return
@@ -98,6 +98,7 @@ class PeerReplicas:
             keep=self._keep,
             commit=self._commit,
             mark=self._mark,
+            own_url=None if self.server is None else self.server.url,
         )
         self._replicator.start()
 

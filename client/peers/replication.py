@@ -15,6 +15,7 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import replace
+from urllib.parse import urlsplit
 
 from ckptstore import CopyKey, Store
 from ckptstore.client.engine.retention import delete_copy
@@ -41,7 +42,8 @@ def copy_order(key: CopyKey) -> tuple[object, ...]:
 
 class PeerReplicator:
     """Pulls the copies of `sources` (nodes this node holds for) into `held`; `commit` records each peer
-    copy, `mark` each one deleted or found damaged (the node's reports queue)."""
+    copy, `mark` each one deleted or found damaged (the node's reports queue); `own_url`: this node's blob
+    server, to say when a source runs on the same machine (a holder there protects nothing)."""
 
     def __init__(
         self,
@@ -54,7 +56,9 @@ class PeerReplicator:
         keep: int,
         commit: Callable[[Commit], None],
         mark: Callable[[CopyKey, MarkState, MarkCause, str], None],
+        own_url: str | None = None,
     ):
+        self.own_host = None if own_url is None else urlsplit(own_url).hostname
         self.held, self.client, self.job, self.node, self.sources, self.keep = held, client, job, node, sources, keep
         self._commit, self._mark = commit, mark
         self.pulled = 0  # copies pulled by this process
@@ -62,6 +66,7 @@ class PeerReplicator:
         self._servers: dict[str, BlobServerInfo] = {}
         self._stores: dict[str, Store] = {}
         self._failed: set[tuple[str, CopyKey]] = set()  # (server url, copy) found damaged there: not pulled again
+        self._said_same_host: set[str] = set()  # sources found on this node's machine, said once
         self._unreachable: set[str] = set()  # sources whose server did not answer, said once until it does
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ckptstore-peer-replicator", daemon=True)
@@ -104,6 +109,15 @@ class PeerReplicator:
             server = self._servers.get(source)
             if server is None:
                 return None
+            if urlsplit(server.url).hostname == self.own_host and source not in self._said_same_host:
+                self._said_same_host.add(source)
+                log.warning(
+                    "%s keeps the copies of %s, which runs on the same machine (%s): losing that machine loses "
+                    "both — order the job's nodes so that the next ones run elsewhere (docs/operations.md)",
+                    self.node,
+                    source,
+                    self.own_host,
+                )
             store = self._stores[source] = peer_store(server.url, server.token, OWN)
         return store
 

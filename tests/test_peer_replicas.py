@@ -93,6 +93,15 @@ def peer_job(tmp_path, sqlite_service, s3_log, moto_s3) -> PeerJob:
     return PeerJob(tmp_path, sqlite_service.live.url, s3_log, moto_s3.bucket)
 
 
+def rerun(job: PeerJob, baseline: list, peers: str = "1") -> list[str]:
+    """The job run again to its end: both ranks resume at 1.b6, each bit-equal to the uninterrupted run."""
+    resumed = ranks(job.tmp, 2, *job.args(peers=peers))
+    assert [r.splitlines()[0] for r in resumed] == ["RESUMED 1 6", "RESUMED 1 6"]
+    for got, want in zip(resumed, baseline, strict=True):
+        assert_bit_equal(final(got), want)
+    return resumed
+
+
 def test_a_new_machine_restores_from_the_peer_replica_and_reads_no_blob_from_s3(peer_job, baseline, sqlite_service):
     peer_job.killed()
     with sqlite_service.client() as http:
@@ -101,13 +110,10 @@ def test_a_new_machine_restores_from_the_peer_replica_and_reads_no_blob_from_s3(
     assert held and held[0].startswith("peer://node-1/"), records
     peer_job.new_machine_for_rank_0()
     since = len(peer_job.s3_log.requests())
-    resumed = ranks(peer_job.tmp, 2, *peer_job.args())
-    assert [r.splitlines()[0] for r in resumed] == ["RESUMED 1 6", "RESUMED 1 6"]
+    resumed = rerun(peer_job, baseline)
     assert "(peer copy" in resumed[0], resumed[0][-3000:]
     assert "node-0 keeps the copies of node-1, which runs on the same machine" in resumed[0], "said: one host here"
     assert peer_job.blob_reads(since) == [], "rank 0 read no tensor blob from S3"
-    for got, want in zip(resumed, baseline, strict=True):
-        assert_bit_equal(final(got), want)
 
 
 def test_a_damaged_peer_replica_is_said_and_the_restore_reads_the_durable_tier(peer_job, baseline):
@@ -119,12 +125,9 @@ def test_a_damaged_peer_replica_is_said_and_the_restore_reads_the_durable_tier(p
         handle.seek(-100, os.SEEK_END)
         handle.write(bytes([byte[0] ^ 0x10]))
     since = len(peer_job.s3_log.requests())
-    resumed = ranks(peer_job.tmp, 2, *peer_job.args())
-    assert [r.splitlines()[0] for r in resumed] == ["RESUMED 1 6", "RESUMED 1 6"]
+    resumed = rerun(peer_job, baseline)
     assert "(durable copy" in resumed[0] and "(peer) corrupt" in resumed[0], resumed[0][-3000:]
     assert peer_job.blob_reads(since), "the durable tier was read instead"
-    for got, want in zip(resumed, baseline, strict=True):
-        assert_bit_equal(final(got), want)
 
 
 def stand_in_peer(job: PeerJob, *more: str) -> subprocess.Popen:
@@ -143,16 +146,13 @@ def test_a_peer_dying_mid_transfer_is_passed_over_for_the_durable_tier(peer_job,
     try:
         since = len(peer_job.s3_log.requests())
         # rank 1 runs without peers, so the stand-in stays node-1's registered server
-        resumed = ranks(peer_job.tmp, 2, *peer_job.args(peers="1,0"))
+        resumed = rerun(peer_job, baseline, peers="1,0")
         assert peer.wait(timeout=60) == -9, "the peer died mid-transfer"
     finally:
         peer.kill()
-    assert [r.splitlines()[0] for r in resumed] == ["RESUMED 1 6", "RESUMED 1 6"]
     assert "(durable copy" in resumed[0] and "went away" in resumed[0], resumed[0][-3000:]
     assert "no node that keeps this node's copies is running" in resumed[0], "the end of the run does not wait"
     assert peer_job.blob_reads(since)
-    for got, want in zip(resumed, baseline, strict=True):
-        assert_bit_equal(final(got), want)
 
 
 def test_prestage_from_a_peer_fills_a_new_local_tier_and_nothing_is_read_from_s3(peer_job, baseline):
@@ -175,9 +175,6 @@ def test_prestage_from_a_peer_fills_a_new_local_tier_and_nothing_is_read_from_s3
     assert f"peer://node-1/{peer_job.job}/node-0/" in staged.stdout, staged.stdout + staged.stderr  # its source
     local = Store(peer_job.local, tier="local")
     assert local.copies(peer_job.job, "node-0", Position(1, 6)), "staged into the new local tier"
-    resumed = ranks(peer_job.tmp, 2, *peer_job.args())
-    assert [r.splitlines()[0] for r in resumed] == ["RESUMED 1 6", "RESUMED 1 6"]
+    resumed = rerun(peer_job, baseline)
     assert "(local copy" in resumed[0], resumed[0][-3000:]
     assert peer_job.blob_reads(since) == [], "neither the prestage nor the rerun read a tensor blob from S3"
-    for got, want in zip(resumed, baseline, strict=True):
-        assert_bit_equal(final(got), want)

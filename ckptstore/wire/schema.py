@@ -21,6 +21,7 @@ __all__ = [
     "BlobServerInfo",
     "BlobServerRegistration",
     "PEER_SCHEME",
+    "peer_holder",
     "CheckpointRequestBody",
     "CheckpointRequestInfo",
     "RequestModel",
@@ -358,6 +359,13 @@ class NotGood(BaseModel):
 
 
 PEER_SCHEME = "peer://"  # a peer copy's location: peer://<holding node>/<job>/<node>/<position>/<attempt>
+
+
+def peer_holder(location: str) -> str | None:
+    """The node that holds the peer copy at `location` (None: not a peer copy's location)."""
+    if not location.startswith(PEER_SCHEME):
+        return None
+    return location.removeprefix(PEER_SCHEME).split("/", 1)[0]
 
 
 class BlobServerRegistration(RequestModel):

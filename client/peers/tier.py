@@ -20,25 +20,20 @@ from ckptstore.client.peers.ring import holders_of
 from ckptstore.client.service.rest import ServiceClient
 from ckptstore.errors import CheckpointNotFoundError, StorageUnavailableError
 from ckptstore.names import TIERS, Tier
-from ckptstore.wire.schema import PEER_SCHEME, LastGood
+from ckptstore.wire.schema import LastGood, peer_holder
 
-__all__ = ["peer_tier", "recorded_holders", "WithPeerTier", "PEER_WAIT_S"]
+__all__ = ["peer_tier", "WithPeerTier", "PEER_WAIT_S"]
 
 log = logging.getLogger("ckptstore.client")
 PEER_WAIT_S = 15.0  # how long a start waits for a recorded holder's blob server to answer
 _POLL_S = 0.5
 
 
-def recorded_holders(answer: LastGood | None, node: str) -> list[str]:
+def _recorded_holders(answer: LastGood, node: str) -> list[str]:
     """The nodes the service records as holding `node`'s committed copy at the resume position."""
-    where = None if answer is None else answer.nodes.get(node)
-    if where is None:
-        return []
-    return [
-        copy.location.removeprefix(PEER_SCHEME).split("/", 1)[0]
-        for copy in where.copies
-        if copy.tier == "peer" and copy.state == "committed" and copy.location.startswith(PEER_SCHEME)
-    ]
+    where = answer.nodes.get(node)
+    copies = [] if where is None else [c for c in where.copies if c.tier == "peer" and c.state == "committed"]
+    return [holder for c in copies if (holder := peer_holder(c.location)) is not None]
 
 
 def peer_tier(
@@ -51,7 +46,7 @@ def peer_tier(
             answer = client.last_good_epoch(job, node=node)
         except CheckpointNotFoundError:
             return None  # a job not declared yet has no copies
-    recorded = recorded_holders(answer, node)
+    recorded = _recorded_holders(answer, node)
     candidates = list(dict.fromkeys([*recorded, *holders_of(node, nodes, replicas)]))
     deadline = time.monotonic() + (PEER_WAIT_S if recorded else 0.0)
     unanswered: dict[str, str] = {}

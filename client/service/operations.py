@@ -24,7 +24,6 @@ from ckptstore.format.layout import parse_position_dirname
 from ckptstore.names import ACCEPTED_ATTEMPT_LIMIT, Tier, attempt_number, attempt_sort_key, validate_name
 from ckptstore.retention import Candidate, RetentionPolicy, plan_deletions
 from ckptstore.wire.schema import (
-    PEER_SCHEME,
     AttemptInfo,
     CheckpointRecord,
     CheckpointState,
@@ -32,6 +31,7 @@ from ckptstore.wire.schema import (
     LastGood,
     MarkState,
     PlannedDeletion,
+    peer_holder,
 )
 
 __all__ = [
@@ -337,8 +337,8 @@ def _from_peer(
     held = [c.location for c in answer.nodes[node].copies if c.tier == "peer" and c.state == "committed"]
     servers = client.blob_servers(job) if held else {}
     for location in held:
-        root, _, key = split_location(location)
-        server = servers.get(root.removeprefix(PEER_SCHEME))
+        _, _, key = split_location(location)
+        server = servers.get(peer_holder(location) or "")
         if key is None or server is None:
             errors.append(f"{location}: its holder has no blob server registered")
             continue
@@ -375,7 +375,7 @@ def prestage(
         log.warning("prestage: a peer's copy not taken (%s): staging from the durable tier", error)
     # The durable copy, reachable from anywhere (a local copy lives on the disk of the node that wrote it).
     sources = [c.location for c in where.copies if c.tier == "durable" and c.state == "committed"]
-    fallback = [] if where.location.startswith(PEER_SCHEME) else [where.location]
+    fallback = [] if peer_holder(where.location) else [where.location]
     for location in sources or fallback:
         root, _, key = split_location(location)
         if key is None:

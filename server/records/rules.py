@@ -41,6 +41,7 @@ from ckptstore.wire.schema import (
     PositionBody,
     RetentionPlan,
     RetentionSpec,
+    peer_holder,
 )
 
 __all__ = [
@@ -205,8 +206,8 @@ def _tier_root(session: Session, job: Job, body: CommitRequest) -> str:
     if body.tier == "durable":
         return job.storage_root
     if body.tier == "peer":
-        holder = body.location.removeprefix(PEER_SCHEME).split("/", 1)[0]
-        if not body.location.startswith(PEER_SCHEME) or not is_expected(session, job, holder):
+        holder = peer_holder(body.location)
+        if holder is None or not is_expected(session, job, holder):
             raise ApiError.invalid(f"a peer copy's location is {PEER_SCHEME}<one of the job's nodes>/…")
         return PEER_SCHEME + holder
     if job.local_root is None:

@@ -27,7 +27,7 @@ from ckptstore.copykey import CopyKey
 from ckptstore.deferred import read_deferred
 from ckptstore.errors import CheckpointNotFoundError, CommitConflictError, CorruptCheckpointError
 from ckptstore.format.codec import Codec, check_codec
-from ckptstore.format.layout import MANIFEST_NAME, PROBE_DIR, normalize_root, position_key
+from ckptstore.format.layout import DRAWN_NEXT_NAME, MANIFEST_NAME, PROBE_DIR, normalize_root, position_key
 from ckptstore.format.manifest import Manifest, ManifestError, parse_manifest
 from ckptstore.format.shard import prepare_arrays
 from ckptstore.format.verify import Problem, read_verified, scan_shards, size_problems
@@ -252,6 +252,25 @@ class Store:
                 f"the manifest of {location} does not verify: {exc}", location=location, file=MANIFEST_NAME
             ) from None
 
+    def record_drawn_next(self, key: CopyKey, record: Mapping[str, Any]) -> None:
+        """Keep beside the committed copy `key` what its run drew right after it (the resume proof's late
+        record, client/audit/proof.py): published atomically, never part of the copy's checksums."""
+        if self._storage.size(f"{key.relpath}/{MANIFEST_NAME}") is None:
+            raise CheckpointNotFoundError(f"{self.location(key)} holds no manifest: nothing to record beside")
+        self._storage.publish_object(f"{key.relpath}/{DRAWN_NEXT_NAME}", json.dumps(record).encode())
+
+    def drawn_next(self, key: CopyKey) -> dict[str, Any] | None:
+        """What the run of copy `key` drew right after it (`record_drawn_next`), or None: not recorded (the
+        run ended, or was killed, before it drew), or unreadable — never trusted then."""
+        try:
+            record = json.loads(bytes(self._storage.read_object(f"{key.relpath}/{DRAWN_NEXT_NAME}")))
+        except FileNotFoundError:
+            return None
+        except ValueError:
+            log.warning("%s/%s does not parse: not used", self.location(key), DRAWN_NEXT_NAME)
+            return None
+        return record if isinstance(record, dict) else None
+
     def read_copy(self, key: CopyKey, *, deferred: bool = False, one_pass: bool = False) -> LoadedCheckpoint:
         """One copy, verified, with no fallback; `deferred`: its tensors are read when used
         (`ckptstore.deferred`: straight into a model's memory, checked `one_pass`) where the store is local.
@@ -348,6 +367,9 @@ class Store:
         problems = self._arrival_problems(target, manifest, full=verify == "full")
         if problems:
             raise CorruptCheckpointError(f"the copy at {location} does not verify: {problems[0]}", location=location)
+        drawn = source.drawn_next(key.on(source.tier))
+        if drawn is not None:
+            self.record_drawn_next(target, drawn)
         return CheckpointRef.of(location, manifest, self.tier)
 
     def _arrival_problems(self, key: CopyKey, manifest: Manifest, *, full: bool) -> list[str]:

@@ -13,6 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="the [torch] extra is not installed")
 
+from ckptstore import Position  # noqa: E402
 from ckptstore.client import ServiceClient  # noqa: E402
 from ckptstore.client.torch import CheckpointManager  # noqa: E402
 from ckptstore.errors import ResumeDriftError  # noqa: E402
@@ -134,36 +135,91 @@ def test_a_peek_whose_next_iterator_goes_on_from_it_is_unverified_not_exact(tmp_
     manager.close()
 
 
-def test_torchdata_shuffling_resumed_after_an_epoch_end_is_never_called_exact_on_a_prediction(tmp_path):
+def test_torchdata_shuffling_resumed_after_an_epoch_end_is_proven_by_what_the_saved_run_drew_next(tmp_path):
     """torchdata's `StatefulDataLoader(shuffle=True, generator=…)` saved at an epoch's end draws the next
     epoch's order from its generator as the next iterator is made — after the save. Predicting that order
     from the generator at the save would be a belief: a loop that uses the generator between epochs
     trains another order after a resume (torchdata sets the saved state back), and the prediction would
-    match the resumed run, not the saved one. So the verdict stays unverified, never exact (this test
-    failed with such a prediction: `exact` over a resume that drew other samples)."""
+    match the resumed run, not the saved one (this test failed with such a prediction: `exact` over a
+    resume that drew other samples). What the saved run drew after the save, recorded late beside the
+    copy, is what the resume is checked against: drift here; unverified where the saved run was killed
+    before it drew (nothing recorded), never exact."""
     from torchdata.stateful_dataloader import StatefulDataLoader
+
+    from ckptstore import Store
+
+    def loop(job: str):
+        dataset = torch.utils.data.TensorDataset(torch.arange(SAMPLES, dtype=torch.float32).reshape(-1, 1))
+        loader = StatefulDataLoader(dataset, batch_size=BATCH, shuffle=True, generator=torch.Generator().manual_seed(7))
+        manager = CheckpointManager(
+            objects={"data": loader}, storage=str(tmp_path), job=job, node="n0", async_save=False
+        )
+        return manager, loader
+
+    def resumed(job: str):
+        manager, loader = loop(job)
+        assert manager.restore_or_initialize() == 1
+        torch.randint(10, (1,), generator=loader.generator)
+        drawn = next(iter(loader))[0].flatten().tolist()
+        manager.checkpoint_if_preempted(1, 1)
+        manager.close()
+        return manager.audit, drawn
+
+    for job, drew_on in [("drew-on", True), ("killed-at-the-save", False)]:
+        manager, loader = loop(job)
+        manager.restore_or_initialize()
+        for _ in loader:  # epoch 0
+            pass
+        manager.save(0)
+        torch.randint(10, (1,), generator=loader.generator)  # the loop uses the generator between epochs
+        uninterrupted = next(iter(loader))[0].flatten().tolist() if drew_on else None
+        manager.close()
+        (copy,) = Store(str(tmp_path)).copies(job, "n0", Position(0))
+        assert (Store(str(tmp_path)).drawn_next(copy) is not None) == drew_on
+        audit, drawn = resumed(job)
+        if drew_on:
+            assert drawn != uninterrupted, "the premise: this resume is not exact"
+            assert audit.verdict == "drift", audit
+            assert "not the saved run's data stream" in audit.differences[0], audit
+        else:
+            assert audit.verdict == "unverified", audit
+            assert "recorded nothing it drew after it" in " ".join(audit.differences), audit
+
+
+def test_what_the_saved_run_drew_after_an_epoch_end_follows_the_copy_to_the_durable_tier(tmp_path):
+    """With a local tier the late record is kept beside the local copy, and replication carries it (or
+    it is written after) to the durable tier: a new machine, its local tier empty, proves the resume."""
+    import shutil
+
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    from ckptstore import Store
+
+    durable, local = tmp_path / "durable", tmp_path / "local"
 
     def loop():
         dataset = torch.utils.data.TensorDataset(torch.arange(SAMPLES, dtype=torch.float32).reshape(-1, 1))
         loader = StatefulDataLoader(dataset, batch_size=BATCH, shuffle=True, generator=torch.Generator().manual_seed(7))
         manager = CheckpointManager(
-            objects={"data": loader}, storage=str(tmp_path), job="epoch-end", node="n0", async_save=False
+            objects={"data": loader}, storage=str(durable), local_storage=str(local), job="tiers", node="n0"
         )
         return manager, loader
 
     manager, loader = loop()
     manager.restore_or_initialize()
-    for _ in loader:  # epoch 0
+    for _ in loader:
         pass
     manager.save(0)
-    torch.randint(10, (1,), generator=loader.generator)  # the loop uses the generator between epochs
     uninterrupted = next(iter(loader))[0].flatten().tolist()
+    manager.wait()
     manager.close()
+    for root in (durable, local):
+        (copy,) = Store(str(root)).copies("tiers", "n0", Position(0))
+        assert Store(str(root)).drawn_next(copy) == {"world": [1, 0], "next": {"data": uninterrupted}}
+    shutil.rmtree(local)  # a new machine
     manager, loader = loop()
     assert manager.restore_or_initialize() == 1
-    torch.randint(10, (1,), generator=loader.generator)
-    resumed = next(iter(loader))[0].flatten().tolist()
+    assert next(iter(loader))[0].flatten().tolist() == uninterrupted
     manager.checkpoint_if_preempted(1, 1)
-    assert resumed != uninterrupted, "the premise: this resume is not exact"
-    assert manager.audit.verdict == "unverified", manager.audit
+    assert manager.audit.verdict == "exact", manager.audit
     manager.close()

@@ -2,6 +2,8 @@
 
     <root>/<job>/<node>/<epoch:010d>[.b<batch:010d>]/<attempt>/
         MANIFEST.json                 written last; a manifest that parses and verifies = committed
+        DRAWN_NEXT.json               written after the commit, when the run drew on: the first samples it drew
+                                      after an epoch-end copy (the resume proof's late record; not part of the copy)
         tensors-00000.safetensors …   shards of a format-1 copy (before content-addressed blobs)
     <root>/<job>/<node>/.blobs/<id>.safetensors
                                       the node's content-addressed shards, shared by its copies
@@ -24,6 +26,7 @@ from ckptstore.position import Position
 __all__ = [
     "MANIFEST_TEMP_PREFIX",
     "MANIFEST_NAME",
+    "DRAWN_NEXT_NAME",
     "PROBE_DIR",
     "BLOB_DIR",
     "BLOB_TEMP_PREFIX",
@@ -44,6 +47,7 @@ __all__ = [
 ]
 
 MANIFEST_NAME = "MANIFEST.json"
+DRAWN_NEXT_NAME = "DRAWN_NEXT.json"
 MANIFEST_TEMP_PREFIX = ".MANIFEST.json.tmp-"
 PROBE_DIR = ".ckptstore-probe"
 BLOB_DIR = ".blobs"

@@ -13,6 +13,12 @@ the proof settles —
 - `drift` when anything seen differs, each difference named;
 - `unverified` when the data could not be observed (said why): never `exact`.
 
+Where a save cannot tell what comes next — an epoch's end whose order is drawn only as the next
+iterator is made (torchdata's shuffling loader, Keras' `fit`, Lightning's and HF's loaders) — the saved
+run records it late: what it drew first after the save is kept beside the copy (the store's
+`record_drawn_next`, written once the copy is committed), and a resume from that copy checks its first
+draws against it. A run killed before it drew after the save left no record: its resume is `unverified`.
+
 Settled once: said on a line of its own, kept with the attempt (`resume.audited`), and under
 resume_check="raise" a drift refuses before the first batch trains (`ResumeDriftError`); an
 unverified mid-epoch resume is refused at the restore, before anything is assigned.
@@ -21,18 +27,27 @@ unverified mid-epoch resume is refused at the restore, before anything is assign
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from ckptstore.client.audit.declared import AuditedNode, refuse_drift, said
 from ckptstore.fingerprint import FINGERPRINT_KEY
 from ckptstore.wire.schema import ResumeAudit
 
-__all__ = ["PROOF_KEY", "recorded", "ResumeProof", "GLOBAL_ORDER", "BATCH_BEFORE", "start_proof"]
+__all__ = [
+    "PROOF_KEY",
+    "recorded",
+    "ResumeProof",
+    "GLOBAL_ORDER",
+    "BATCH_BEFORE",
+    "FIRST_BATCH",
+    "start_proof",
+]
 
 PROOF_KEY = "proof"
 GLOBAL_ORDER = "global"  # a data object's next ids in the global order of every rank (resharded: any world size)
 BATCH_BEFORE = "batch_before"  # the digest of the batch trained last before a mid-epoch save (Keras' fit)
+FIRST_BATCH = "first_batch"  # the digest of the first batch trained after an epoch-end save (Keras' fit; late)
 _SHOWN = 6  # ids shown of a batch that differs
 
 
@@ -72,13 +87,16 @@ class ResumeProof:
         watched: Iterable[str] = (),
         counting: bool = False,
         unobservable: str | None = None,
+        late: Callable[[], Mapping[str, Any] | None] | None = None,
     ):
         self.declared, self.node, self.resume_check, self.mid_epoch = declared, node, resume_check, mid_epoch
         self.world = world
         saved = saved if isinstance(saved, Mapping) else {}
         self.counters: dict[str, Any] = dict(saved.get("counters") or {}) if counting else {}
-        expected = saved.get("next") if isinstance(saved.get("next"), Mapping) else None
+        expected = dict(saved["next"]) if isinstance(saved.get("next"), Mapping) else None
         watched = set(watched)
+        if expected is not None and unobservable is None and late is not None and watched - set(expected):
+            expected |= self._recorded_late(late(), watched - set(expected))
         self.expected = {name: ids for name, ids in (expected or {}).items() if name in watched}
         self.unseen: list[str] = []
         if expected is None:
@@ -95,7 +113,8 @@ class ResumeProof:
         else:
             self.unseen += [
                 f"data ({name}): what it would hand out next could not be told at the save (an epoch's end whose "
-                "order is drawn as the next iterator is made, or a sampler ckptstore cannot follow)"
+                "order is drawn as the next iterator is made, or a sampler ckptstore cannot follow), and the saved "
+                "run recorded nothing it drew after it (it ended or was killed first, or another rank drew it)"
                 for name in sorted(watched - set(expected))
             ]
             self.unseen += [
@@ -106,6 +125,26 @@ class ResumeProof:
         self.found: list[str] = []
         self.result: ResumeAudit | None = None
         self.said_counters = ""
+        self.stepped = False  # the first step began (its counters compared)
+
+    def _recorded_late(self, record: Mapping[str, Any] | None, names: set[str]) -> dict[str, Any]:
+        """What the saved run drew first after the save (client/audit/late_record.py), of the data objects in `names`:
+        only where this process is the one that drew it (the same world and rank), else nothing."""
+        if not isinstance(record, Mapping) or not isinstance(record.get("next"), Mapping):
+            return {}
+        if list(record.get("world") or []) != list(self.world):
+            return {}
+        return {name: ids for name, ids in record["next"].items() if name in names}
+
+    @property
+    def awaiting_first_batch(self) -> set[str]:
+        """The data objects whose first batch after the restore is reported after it trains (FIRST_BATCH:
+        Keras' `fit` from an epoch's end), not yet reported: the proof settles once they are."""
+        return {
+            name
+            for name, record in self.expected.items()
+            if isinstance(record, Mapping) and FIRST_BATCH in record and not self.seen.get(name)
+        }
 
     @property
     def settled(self) -> bool:
@@ -131,6 +170,9 @@ class ResumeProof:
         if self.settled or name not in self.expected:
             return
         record = self.expected[name]
+        if isinstance(record, Mapping) and FIRST_BATCH in record:
+            self._first_batch(name, int(ids[0]), record[FIRST_BATCH])
+            return
         if isinstance(record, Mapping) and BATCH_BEFORE in record:
             saved = record[BATCH_BEFORE]  # a batch's ids, or the digest of its values
             self._batch_before(name, [int(i) for i in ids] if isinstance(saved, list) else int(ids[0]), saved)
@@ -174,6 +216,20 @@ class ResumeProof:
         self.seen[name] = 1
         self.evidence[name] = f"{name}'s batch before the position (drawn again to skip it)"
 
+    def _first_batch(self, name: str, drawn: int, saved: Any) -> None:
+        """The first batch trained after the restore, against the one the saved run trained after the save."""
+        if drawn != saved:
+            self.found.append(
+                f"data ({name}): the first batch trained after the restore (digest {drawn}) is not the one the saved "
+                f"run trained after the save (digest {saved}): the resumed epoch does not draw the saved run's order"
+            )
+            self.settle()
+            return
+        self.seen[name] = 1
+        self.evidence[name] = f"{name}'s first batch (the one the saved run trained after the save)"
+        if self.stepped and not self.awaiting_first_batch:
+            self.settle()
+
     def step(self, counters: Mapping[str, int | None]) -> None:
         """The first step after the restore begins with `counters` (before it trains): compared with the
         saved run's next step, and the proof settles on what was seen."""
@@ -189,7 +245,9 @@ class ResumeProof:
             self.found.append(
                 f"counters: the first step after the restore runs at {now}; the saved run's next was {then}"
             )
-        self.settle()
+        self.stepped = True
+        if self.found or not self.awaiting_first_batch:
+            self.settle()
 
     def settle(self, why_unseen: str | None = None) -> ResumeAudit:
         """The verdict on what was seen (`why_unseen`: why a watched object reported nothing, e.g. no
@@ -240,7 +298,7 @@ def start_proof(
 ) -> ResumeProof | None:
     """The proof of a restore whose declared audit is `declared` (None, or a drift: nothing to prove),
     of the copy with `metadata`, `watching` as `ResumeProof` takes it (mid_epoch, world, watched,
-    counting, unobservable). With nothing the run can watch it settles at once — `unverified`,
+    counting, unobservable, late). With nothing the run can watch it settles at once — `unverified`,
     refused under resume_check="raise" from a mid-epoch position, before anything is assigned."""
     if declared is None or declared.verdict == "drift":
         return None

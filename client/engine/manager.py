@@ -14,6 +14,7 @@ import numpy as np
 
 from ckptstore import Position, tracing
 from ckptstore.client.audit.declared import audit, judged
+from ckptstore.client.audit.late_record import LateRecord
 from ckptstore.client.audit.proof import ResumeProof, start_proof
 from ckptstore.client.engine.cadence import SaveCadence, SaveEvery
 from ckptstore.client.engine.identity import NodeIdentity
@@ -23,6 +24,7 @@ from ckptstore.client.engine.preemption import PreemptionNotice
 from ckptstore.client.engine.restore import Restorer, restore_in_one_pass
 from ckptstore.client.engine.staging import snapshot_arrays
 from ckptstore.copies import Restored
+from ckptstore.copykey import CopyKey
 from ckptstore.errors import CkptStoreError
 from ckptstore.wire.schema import ResumeAudit
 
@@ -60,6 +62,10 @@ class LoopManager:
         # Whether a framework adapter tells the proof when the first step begins (Keras' callback): then
         # the loop's between-batch calls do not settle it.
         self.steps_reported = False
+        # The data objects whose next draws the save being made cannot tell (set as it captures), and what
+        # the run draws first after its last such epoch-end save (client/audit/late_record.py).
+        self.unforetold: set[str] = set()
+        self.late: LateRecord | None = None
         self.preemption = PreemptionNotice(self.options.preemption_budget_s)
         self._staging: dict[str, np.ndarray] = {}  # host buffers an async save writes from, reused
         self._between_batches = 0  # checkpoint_if_preempted calls, the same count on every process
@@ -91,6 +97,10 @@ class LoopManager:
     def _unobservable(self) -> str | None:
         """Why the loop's data cannot be observed at all (None: its data objects are watched)."""
         return None
+
+    def _watch_after_save(self, late: LateRecord) -> None:
+        """After an epoch-end save: make the data objects in `late.names` report their first draw to it
+        (`late.drew`); an adapter that sees the batches itself reports them (Keras' callback)."""
 
     def _gather(self, *, collective: bool) -> None:
         """Called on every process as a save begins, writer or not (`collective`: the processes are all
@@ -180,7 +190,22 @@ class LoopManager:
             watched=self._watchable(),
             counting=True,
             unobservable=self._unobservable(),
+            late=lambda: self._drawn_next(restored.copy),
         )
+
+    def _drawn_next(self, copy: CopyKey) -> Mapping[str, Any] | None:
+        """What the saved run drew first after the copy (the proof's late record): from the tier the copy
+        was read from, else another that holds it; None where none has it (or none answers)."""
+        tiers = self.checkpointer.tiers
+        for tier in sorted(tiers, key=lambda tier: tier != copy.tier):
+            try:
+                record = tiers[tier].drawn_next(copy.on(tier))
+            except (CkptStoreError, OSError) as exc:
+                log.info("what the run drew after %s could not be read from the %s tier (%s)", copy, tier, exc)
+                continue
+            if record is not None:
+                return record
+        return None
 
     def _proof_world(self) -> tuple[int, int]:
         """(size, rank) of the live run, for a data object's share of a global order."""
@@ -285,6 +310,9 @@ class LoopManager:
         )
         if saved:  # what training waited for this save: the service's advice weighs it (server/records/advice.py)
             self.checkpointer.reports.stats("blocked", time.perf_counter() - began, 0)
+        if saved and position.is_end_of_epoch and self.unforetold:
+            self.late = LateRecord(position, self.unforetold, self._proof_world(), self.checkpointer.record_drawn_next)
+            self._watch_after_save(self.late)
         return saved
 
     def _follow_advice(self) -> None:

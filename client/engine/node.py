@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
@@ -113,6 +114,7 @@ class NodeCheckpointer:
         self.requests: CheckpointRequests | None = None  # checkpoint-now, followed once registered
         self._durable_away = False  # the durable tier did not answer at start: the start reads without it
         self._disagreement: str | None = None  # replicas disagreed at a save: not told to the other ranks yet
+        self._recording: threading.Thread | None = None  # a late record being written (record_drawn_next)
         if self.local_store is not None:
             self._replicator = Replicator(
                 self.local_store,
@@ -317,6 +319,37 @@ class NodeCheckpointer:
             self._writer.submit(position, lambda: self._guarded(write))
         return True
 
+    def record_drawn_next(self, position: Position, record: Mapping[str, Any]) -> None:
+        """Keep beside this node's copy at `position` what the run drew right after it (the resume proof's
+        late record, client/audit/proof.py) — once the copy is committed, on each tier that holds it
+        (replication carries it to a tier the copy reaches later), off the training path; `wait` waits
+        for it. A record that cannot be written is said and lost: a resume from that copy is unverified."""
+        if not self.writes or self.attempt is None:
+            return
+        copy = self.store.key(self.job, self.node, position, self.attempt)
+        writer, tiers = self._writer, self.tiers
+
+        def record_it() -> None:
+            if writer is not None:
+                writer.join_current()  # the copy's own save, if it is still being written
+            for store in tiers.values():
+                try:
+                    store.record_drawn_next(copy.on(store.tier), record)
+                except CheckpointNotFoundError:
+                    continue  # not committed there (yet: replication carries the record along)
+                except (CkptStoreError, OSError) as exc:
+                    log.warning("what the run drew after %s could not be kept on %s (%s)", position, store.tier, exc)
+
+        self.wait_for_drawn_next()
+        self._recording = threading.Thread(target=record_it, name="ckptstore-drawn-next", daemon=True)
+        self._recording.start()
+
+    def wait_for_drawn_next(self) -> None:
+        """Until the late record being written (`record_drawn_next`), if any, is written."""
+        if self._recording is not None:
+            self._recording.join()
+            self._recording = None
+
     @property
     def requested(self) -> bool:
         """Whether a checkpoint request (`ckptstore checkpoint-now`) waits for this node's next save."""
@@ -352,6 +385,7 @@ class NodeCheckpointer:
         or until the durable tier or the service is found away (they keep retrying in the background);
         with peer replicas and `held`, until a peer recorded the newest local copy too (bounded: `PeerReplicas`)."""
         self.wait_for_write()
+        self.wait_for_drawn_next()
         if self._replicator is not None and not self._replicator.wait():
             log.warning("the durable tier is away: %d local copies wait for replication", self._replicator.pending)
         if self._retention is not None and not self._retention.wait():

@@ -130,6 +130,12 @@ class BackgroundWriter:
     def busy(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
+    def join_current(self) -> None:
+        """Until the save running now (if any) is done, from any thread; its error stays for `wait`."""
+        thread = self._thread
+        if thread is not None:
+            thread.join()
+
     def wait(self, timeout: float | None = None) -> bool:
         """Until the save in flight is done (True; its error, if any, raised once), or `timeout` passed (False)."""
         if self._thread is not None:

@@ -30,6 +30,7 @@ import torch
 
 from ckptstore import Position
 from ckptstore.agreement import unchecked_metadata
+from ckptstore.client.audit.late_record import LateRecord
 from ckptstore.client.audit.proof import PROOF_KEY, ResumeProof, recorded
 from ckptstore.client.engine.cadence import SaveEvery
 from ckptstore.client.engine.identity import NodeIdentity
@@ -256,6 +257,7 @@ class CheckpointManager(LoopManager):
             name: next_ids(self.objects[name], states[name]) for name in self.objects if is_data(self.objects[name])
         }
         described[PROOF_KEY] = recorded(next_ids={name: ids for name, ids in upcoming.items() if ids is not None})
+        self.unforetold = {name for name, ids in upcoming.items() if ids is None}
         return views, {STATE_KEY: json.dumps(tree), FINGERPRINT_KEY: described}
 
     def _live_fingerprint(self, arrays: Mapping[str, np.ndarray], metadata: Mapping[str, Any]) -> dict[str, Any]:
@@ -277,6 +279,11 @@ class CheckpointManager(LoopManager):
 
     def _proof_world(self) -> tuple[int, int]:
         return self._world()
+
+    def _watch_after_save(self, late: LateRecord) -> None:
+        """Each data object reports the ids of its first batch after the save."""
+        for name in late.names:
+            watch_first_draws(self.objects[name], functools.partial(late.drew, name))
 
     def _apply(self, arrays: Mapping[str, np.ndarray], metadata: Mapping[str, Any]) -> None:
         if STATE_KEY not in metadata:

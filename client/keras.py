@@ -26,7 +26,7 @@ import keras
 import numpy as np
 
 from ckptstore import Position
-from ckptstore.client.audit.proof import BATCH_BEFORE
+from ckptstore.client.audit.proof import BATCH_BEFORE, FIRST_BATCH
 from ckptstore.client.engine.node import NodeCheckpointer
 from ckptstore.client.engine.options import CheckpointOptions
 from ckptstore.client.tensorflow import global_rng
@@ -297,6 +297,8 @@ class BackupAndRestore(keras.callbacks.Callback):
         proof.step({"epoch": self._epoch, "batch": batch, "iterations": self._iterations_done()})
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        if self._digests is not None:
+            self._first_batch_trained()
         done = batch + 1
         self.manager.checkpoint_if_preempted(self._epoch, done, requests=done != self.params.get("steps"))
         if self.save_freq == "epoch" and self.manager.cadence.every_seconds is None:
@@ -304,6 +306,15 @@ class BackupAndRestore(keras.callbacks.Callback):
         # At the epoch's last batch the end-of-epoch checkpoint follows right away.
         if done != self.params.get("steps") and self.manager.due(self._epoch, batch=done):
             self._save(Position(self._epoch, done), logs)
+
+    def _first_batch_trained(self) -> None:
+        """The first batch after an epoch-end save, or after a restore from one (its digest, kept by the
+        step as it trained): recorded late for that save, or checked by the resume proof."""
+        proof, late = self.manager.proof, self.manager.late
+        if proof is not None and not proof.settled and "fit" in proof.awaiting_first_batch:
+            proof.drawn("fit", [int(self._digests.last)])
+        if late is not None and not late.kept:
+            late.drew("fit", {FIRST_BATCH: int(self._digests.last)})
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         if self._iterations is not None:  # the next epoch's iterator comes after these
@@ -318,6 +329,8 @@ class BackupAndRestore(keras.callbacks.Callback):
         self.manager.next_counters = {"epoch": after.epoch, "batch": after.batch, "iterations": step}
         mid_epoch = position.batch is not None and self._digests is not None
         self.manager.next_data = {"fit": {BATCH_BEFORE: self._digests.last}} if mid_epoch else {}
+        # From an epoch's end the next order is drawn as the next iterator is made: recorded late.
+        self.manager.unforetold = {"fit"} if position.batch is None and self._digests is not None else set()
         self.manager.save(position.epoch, batch=position.batch, step=step, metrics=metrics)
 
     def _iterations_done(self) -> int | None:

@@ -4,8 +4,9 @@ every kill point (mid-epoch, at an epoch's last batch, right after an epoch's en
 "epoch"). The pipeline's N-th iterator draws the N-th order, and a new process starts from N = 0:
 the callback makes the iterators the saved run had made (the control below shows the resume is
 not exact without that). The resume proof says `exact` mid-epoch — the batch before the position,
-drawn again to skip it, is the saved run's — and `unverified` from an epoch's end (the next epoch's
-order is drawn as its iterator is made); never `exact` of the control, which it refuses."""
+drawn again to skip it, is the saved run's — and from an epoch's end — the first batch trained is
+the one the saved run trained after the save (recorded late, beside the copy); never `exact` of the
+controls, which it refuses or calls drift."""
 
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ class Interrupted(Exception):
 
 
 class InterruptAt(keras.callbacks.Callback):
-    """Ends the fit (as a crash would) once batch `batch` of `epoch` is trained and the save in flight committed."""
+    """Ends the fit (as a crash would) once batch `batch` of `epoch` is trained (0: as the epoch begins)
+    and the save in flight committed."""
 
     def __init__(self, backup: BackupAndRestore, epoch: int, batch: int):
         super().__init__()
@@ -36,6 +38,9 @@ class InterruptAt(keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch, logs=None):
         self.current = epoch
+        if (epoch, 0) == (self.epoch, self.batch):  # right after an epoch's end, before a batch trains
+            self.backup.manager.wait()
+            raise Interrupted
 
     def on_train_batch_end(self, batch, logs=None):
         if (self.current, batch + 1) == (self.epoch, self.batch):
@@ -73,18 +78,37 @@ def uninterrupted(tmp_path_factory):
 
 
 @pytest.mark.parametrize(
-    "save_freq,interrupt,verdict",
-    [(5, (1, 7), "exact"), (5, (1, BATCHES), "exact"), (5, (2, 1), "unverified"), ("epoch", (1, 7), "unverified")],
+    "save_freq,interrupt,resumed_at",
+    [(5, (1, 7), "mid"), (5, (1, BATCHES), "mid"), (5, (2, 1), "end"), ("epoch", (1, 7), "end")],
     ids=["mid-epoch", "at-an-epochs-last-batch", "right-after-an-epoch-end", "save-freq-epoch-mid-epoch"],
 )
-def test_a_reshuffling_pipeline_resumes_bit_exactly(tmp_path, uninterrupted, save_freq, interrupt, verdict, capsys):
+def test_a_reshuffling_pipeline_resumes_bit_exactly(tmp_path, uninterrupted, save_freq, interrupt, resumed_at, capsys):
     assert fit(str(tmp_path), save_freq, interrupt) is None
     resumed = fit(str(tmp_path), save_freq)
     assert_bit_equal(resumed, uninterrupted)
     err = capsys.readouterr().err
-    assert f"resume audit: {verdict}" in err and "reshuffling order is the saved run's" in err, err[-2000:]
-    if verdict == "exact":
-        assert "fit's batch before the position (drawn again to skip it)" in err, err[-2000:]
+    assert "resume audit: exact" in err and "reshuffling order is the saved run's" in err, err[-2000:]
+    seen = "batch before the position (drawn again to skip it)" if resumed_at == "mid" else "first batch (the one the"
+    assert f"proven: fit's {seen}" in err, err[-2000:]
+
+
+def test_from_an_epochs_end_another_first_batch_is_drift_and_no_record_is_unverified(
+    tmp_path, uninterrupted, monkeypatch, capsys
+):
+    """The controls from an epoch's end: the catching up switched off, the resumed epoch draws another
+    order than the saved run trained after the save — drift, not bit-equal; a run interrupted right at
+    its epoch-end save (before it trained a batch after it) left no record — unverified, never exact."""
+    assert fit(str(tmp_path / "a"), "epoch", (1, 1)) is None
+    monkeypatch.setattr(_DataIterations, "catch_up", lambda self, saved: 0)
+    with pytest.raises(AssertionError, match="arrays differ"):
+        assert_bit_equal(fit(str(tmp_path / "a"), "epoch", check="warn"), uninterrupted)
+    err = capsys.readouterr().err
+    assert "resume audit: DRIFT" in err and "is not the one the saved run trained after the save" in err, err[-2000:]
+    monkeypatch.undo()
+    assert fit(str(tmp_path / "b"), "epoch", (1, 0)) is None
+    assert_bit_equal(fit(str(tmp_path / "b"), "epoch", check="warn"), uninterrupted)
+    err = capsys.readouterr().err
+    assert "resume audit: unverified" in err and "recorded nothing it drew after it" in err, err[-2000:]
 
 
 def test_without_making_the_saved_runs_iterators_the_resume_is_drift_never_exact(

@@ -43,6 +43,7 @@ import torch
 
 from ckptstore import Position
 from ckptstore.client.audit.declared import audit_restored
+from ckptstore.client.audit.late_record import LateRecord
 from ckptstore.client.audit.proof import BATCH_BEFORE, PROOF_KEY, ResumeProof, recorded, start_proof
 from ckptstore.client.engine.node import NodeCheckpointer
 from ckptstore.client.engine.options import CheckpointOptions
@@ -107,6 +108,8 @@ class BackupAndRestore(pl.Callback):
         self.proof: ResumeProof | None = None  # the resume's proof (client/audit/proof.py), settled at the first step
         self._drawn: list[DrawnBatches] = []  # per training loader, the ids of the batches its iterator took
         self._before: dict[str, int] = {}  # plain loaders the proof checks: their batch before the position
+        self._first: dict[str, int] = {}  # loaders the proof checks from an epoch's end: their first batch
+        self._late: LateRecord | None = None  # what the loaders draw first after an epoch-end save
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage != "fit":
@@ -156,10 +159,12 @@ class BackupAndRestore(pl.Callback):
         assert self.checkpointer is not None
         loaders = _training_loaders(trainer)
         watched = {f"loader{i}": count for i, count in enumerate(self._counts) if count is not None}
-        if not watched:  # one device: a StatefulDataLoader reports its first ids, a plain one the batch before
+        self._before, self._first = {}, {}
+        if not watched and self._resumed_mid_epoch:  # one device: a StatefulDataLoader reports its first ids,
             watched = {f"loader{i}": loader for i, loader in enumerate(loaders) if is_stateful(loader)}
             self._before = {f"loader{i}": i for i, loader in enumerate(loaders) if not is_stateful(loader)}
-            self._before = self._before if self._resumed_mid_epoch else {}
+        elif not watched:  # a plain one the batch before; from an epoch's end, each its first batch
+            self._first = {f"loader{i}": i for i in range(len(loaders))}
         self.proof = start_proof(
             report,
             restored.checkpoint.manifest.metadata,
@@ -167,8 +172,9 @@ class BackupAndRestore(pl.Callback):
             self.options.resume_check,
             mid_epoch=self._resumed_mid_epoch,
             world=(trainer.world_size, trainer.global_rank),
-            watched=set(watched) | set(self._before),
+            watched=set(watched) | set(self._before) | set(self._first),
             counting=True,
+            late=lambda: self.checkpointer.drawn_next(restored.copy) if self.checkpointer is not None else None,
         )
         proof = self.proof
         if proof is None or proof.settled:
@@ -276,7 +282,14 @@ class BackupAndRestore(pl.Callback):
                 before = self._drawn[i].batch(index - 1) if index > 0 else None
                 if before is not None:
                     self.proof.drawn(name, before)
+            for name, i in self._first.items():
+                if (first := self._drawn[i].batch(index)) is not None:
+                    self.proof.drawn(name, first)
             self.proof.step({"epoch": trainer.current_epoch, "batch": index, "global_step": trainer.global_step})
+        if self._late is not None and not self._late.kept:  # the first batch after an epoch-end save
+            for i, drawn in enumerate(self._drawn):
+                if (first := drawn.batch(index)) is not None:
+                    self._late.drew(f"loader{i}", first)
         if self._pending_rng is not None:
             set_rng_state(self._pending_rng)
             self._pending_rng = None
@@ -356,7 +369,12 @@ class BackupAndRestore(pl.Callback):
         described = _fingerprint(trainer, trainer.lightning_module)
         described[PROOF_KEY] = self._proof_record(trainer, position, next_batch, checkpoint)
         metadata = {TREE_KEY: json.dumps(tree), FINGERPRINT_KEY: described}
-        self.checkpointer.save(position, copies, step=trainer.global_step, metadata=metadata)
+        saved = self.checkpointer.save(position, copies, step=trainer.global_step, metadata=metadata)
+        # From an epoch's end the next order is drawn as the next iterator is made: recorded late.
+        unforetold = [f"loader{i}" for i in range(len(self._drawn)) if f"loader{i}" not in described[PROOF_KEY]["next"]]
+        if saved and position.is_end_of_epoch and unforetold:
+            world = (trainer.world_size, trainer.global_rank)
+            self._late = LateRecord(position, unforetold, world, self.checkpointer.record_drawn_next)
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage == "fit" and self.checkpointer is not None:

@@ -24,7 +24,6 @@ from ckptstore.client.engine.preemption import PreemptionNotice
 from ckptstore.client.engine.restore import Restorer, restore_in_one_pass
 from ckptstore.client.engine.staging import snapshot_arrays
 from ckptstore.copies import Restored
-from ckptstore.copykey import CopyKey
 from ckptstore.errors import CkptStoreError
 from ckptstore.wire.schema import ResumeAudit
 
@@ -190,22 +189,8 @@ class LoopManager:
             watched=self._watchable(),
             counting=True,
             unobservable=self._unobservable(),
-            late=lambda: self._drawn_next(restored.copy),
+            late=lambda: self.checkpointer.drawn_next(restored.copy),
         )
-
-    def _drawn_next(self, copy: CopyKey) -> Mapping[str, Any] | None:
-        """What the saved run drew first after the copy (the proof's late record): from the tier the copy
-        was read from, else another that holds it; None where none has it (or none answers)."""
-        tiers = self.checkpointer.tiers
-        for tier in sorted(tiers, key=lambda tier: tier != copy.tier):
-            try:
-                record = tiers[tier].drawn_next(copy.on(tier))
-            except (CkptStoreError, OSError) as exc:
-                log.info("what the run drew after %s could not be read from the %s tier (%s)", copy, tier, exc)
-                continue
-            if record is not None:
-                return record
-        return None
 
     def _proof_world(self) -> tuple[int, int]:
         """(size, rank) of the live run, for a data object's share of a global order."""

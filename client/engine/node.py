@@ -344,6 +344,20 @@ class NodeCheckpointer:
         self._recording = threading.Thread(target=record_it, name="ckptstore-drawn-next", daemon=True)
         self._recording.start()
 
+    def drawn_next(self, copy: CopyKey) -> Mapping[str, Any] | None:
+        """What the run of `copy` drew first after it (`record_drawn_next`): from the tier the copy was
+        read from, else another that holds it; None where none has it (or none answers)."""
+        tiers = self.tiers
+        for tier in sorted(tiers, key=lambda tier: tier != copy.tier):
+            try:
+                record = tiers[tier].drawn_next(copy.on(tier))
+            except (CkptStoreError, OSError) as exc:
+                log.info("what the run drew after %s could not be read from the %s tier (%s)", copy, tier, exc)
+                continue
+            if record is not None:
+                return record
+        return None
+
     def wait_for_drawn_next(self) -> None:
         """Until the late record being written (`record_drawn_next`), if any, is written."""
         if self._recording is not None:

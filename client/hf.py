@@ -44,6 +44,7 @@ from transformers import TrainerCallback
 
 from ckptstore import Position
 from ckptstore.client.audit.declared import audit_restored
+from ckptstore.client.audit.late_record import LateRecord
 from ckptstore.client.audit.proof import PROOF_KEY, ResumeProof, recorded, start_proof
 from ckptstore.client.engine.node import NodeCheckpointer
 from ckptstore.client.engine.options import CheckpointOptions
@@ -236,7 +237,8 @@ class BackupAndRestore(TrainerCallback):
         self._length: int | None = None
         self._resumed: _Resumed | None = None
         self.proof: ResumeProof | None = None  # the resume's proof (client/audit/proof.py), settled at the first step
-        self._stop_watching_loaders: Callable[[], None] | None = None
+        self._watching: list[Callable[[], None]] = []  # what stops each watch of the loaders, newest last
+        self._late: LateRecord | None = None  # what the Trainer draws first after an epoch-end save
 
     def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         trainer = _calling_trainer()
@@ -274,11 +276,12 @@ class BackupAndRestore(TrainerCallback):
             watched={"train"} if one_process else set(),
             counting=True,
             unobservable=None if one_process else "ckptstore does not see which ranks' batches the Trainer draws",
+            late=lambda: self.checkpointer.drawn_next(restored.copy) if self.checkpointer is not None else None,
         )
         if self.proof is not None and not self.proof.settled and one_process:
             # The Trainer makes its loader inside its loop: the first batches any loader takes until its
             # first step are its training batches.
-            self._stop_watching_loaders = watch_every_iterator(functools.partial(self.proof.drawn, "train"))
+            self._watching.append(watch_every_iterator(functools.partial(self.proof.drawn, "train")))
         if self.proof is not None and self._resumed is not None:
             self.proof.counters["global_step"] = self._resumed.global_step  # on another world size, the step it became
         pending = self.proof is not None and not self.proof.settled
@@ -343,9 +346,8 @@ class BackupAndRestore(TrainerCallback):
             self.proof.step({"global_step": state.global_step})
 
     def _stop_watching(self) -> None:
-        if self._stop_watching_loaders is not None:
-            self._stop_watching_loaders()
-            self._stop_watching_loaders = None
+        while self._watching:
+            self._watching.pop()()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """A checkpoint request (`ckptstore checkpoint-now`): the Trainer saves at this step, as if
@@ -376,7 +378,11 @@ class BackupAndRestore(TrainerCallback):
                 counters={"global_step": state.global_step}, next_ids={"train": upcoming} if upcoming else {}
             )
             metadata[FINGERPRINT_KEY] = described | {PROOF_KEY: proof}
-        self.checkpointer.save(position, arrays, step=state.global_step, metadata=metadata)
+        saved = self.checkpointer.save(position, arrays, step=state.global_step, metadata=metadata)
+        if saved and position.is_end_of_epoch and args.world_size == 1 and "model" in kwargs:
+            # The next epoch's order is drawn as its iterator is made: what it draws first is recorded late.
+            self._late = LateRecord(position, {"train"}, (1, 0), self.checkpointer.record_drawn_next)
+            self._watching.append(watch_every_iterator(functools.partial(self._late.drew, "train")))
 
     def _position(self, global_step: int, args: Any) -> tuple[Position, int]:
         """The position of the Trainer's `global_step`, and the global batches of its epoch trained

@@ -30,7 +30,7 @@ from ckptstore import Position
 from ckptstore.client.audit.declared import declared_data
 from ckptstore.client.audit.proof import PROOF_KEY, recorded
 from ckptstore.client.engine.cadence import SaveEvery
-from ckptstore.client.engine.manager import LoopManager
+from ckptstore.client.engine.manager import LOOP, LoopManager
 from ckptstore.client.engine.options import CheckpointOptions
 from ckptstore.fingerprint import FINGERPRINT_KEY
 
@@ -85,15 +85,13 @@ class CheckpointManager(LoopManager):
     async_save, codec, …), each defaulting to its CKPTSTORE_* variable where it has one.
     `data`: how the loop picks its batches from (epoch, batch) — `seed`, `batch_size`, `length`,
     `shuffle` — recorded with every save and compared at every resume (the resume audit: a change is
-    drift). ckptstore does not see the batches the loop draws, so a resume that declares no change is
-    `unverified`, not `exact` (client/audit/proof.py).
+    drift). The loop shows the resume proof its batches with `observe_batch(batch)`: a resume is
+    `exact` only once its first batch is the one the saved run trained after the save; without them
+    it is `unverified`, never `exact` (client/audit/proof.py).
     """
 
-    def _unobservable(self) -> str | None:
-        return (
-            "ckptstore does not see the batches a JAX loop draws (`data=` declares how the loop picks them: "
-            "compared, not observed)"
-        )
+    def _watchable(self) -> set[str]:
+        return {LOOP}
 
     def __init__(
         self,
@@ -147,6 +145,7 @@ class CheckpointManager(LoopManager):
         arrays = {name: _host(name, leaf) for name, leaf in leaves}
         keys = {name: str(jax.random.key_impl(leaf)) for name, leaf in leaves if _is_key(leaf)}
         described = {"names": [name for name, _ in leaves], "keys": keys}
+        self._custom_loop_batches()
         fingerprint = self._fingerprint(leaves) | {PROOF_KEY: recorded()}
         return arrays, {STATE_KEY: json.dumps(described), FINGERPRINT_KEY: fingerprint}
 

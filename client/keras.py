@@ -158,6 +158,7 @@ class BackupAndRestore(keras.callbacks.Callback):
             save_every=save_freq,  # checked by the cadence
             save_every_seconds=save_every_seconds,
         )
+        self.manager.custom_loop = False  # fit's batches are seen by the callback, not shown by a loop
         self._epoch = 0
         self._skip_batches = 0
         self._rng_after_skip: dict[str, Any] | None = None

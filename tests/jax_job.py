@@ -80,7 +80,9 @@ def main() -> None:
     start, state = mgr.restore_or_initialize(initial_state())
     for epoch in range(start, EPOCHS):
         for batch in range(mgr.first_batch(epoch), STEPS):
-            state = train_step(state, *batch_of(epoch, batch))
+            x, y = batch_of(epoch, batch)
+            mgr.observe_batch((x, y))  # shown to the resume proof
+            state = train_step(state, x, y)
             if (batch + 1) % 3 == 0:
                 mgr.save(epoch, state, batch=batch + 1)
             if args.kill_at is not None and int(state["step"]) == args.kill_at:

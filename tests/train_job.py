@@ -146,7 +146,9 @@ def run_loop(args: argparse.Namespace) -> keras.Model:
                 else:
                     manager.wait()  # the save in flight lands first: a deterministic expected resume position
                     os.kill(os.getpid(), signal.SIGKILL)
-            step(x[batch * BATCH : (batch + 1) * BATCH], y[batch * BATCH : (batch + 1) * BATCH])
+            xb, yb = x[batch * BATCH : (batch + 1) * BATCH], y[batch * BATCH : (batch + 1) * BATCH]
+            manager.observe_batch((xb, yb))  # shown to the resume proof
+            step(xb, yb)
             manager.checkpoint_if_preempted(epoch, batch + 1)
         manager.save(epoch)
     manager.close()

@@ -47,7 +47,7 @@ __all__ = [
 PROOF_KEY = "proof"
 GLOBAL_ORDER = "global"  # a data object's next ids in the global order of every rank (resharded: any world size)
 BATCH_BEFORE = "batch_before"  # the digest of the batch trained last before a mid-epoch save (Keras' fit)
-FIRST_BATCH = "first_batch"  # the digest of the first batch trained after an epoch-end save (Keras' fit; late)
+FIRST_BATCH = "first_batch"  # the digest of the first batch trained after a save (Keras' fit, a custom loop; late)
 _SHOWN = 6  # ids shown of a batch that differs
 
 
@@ -88,6 +88,7 @@ class ResumeProof:
         counting: bool = False,
         unobservable: str | None = None,
         late: Callable[[], Mapping[str, Any] | None] | None = None,
+        hint: str | None = None,
     ):
         self.declared, self.node, self.resume_check, self.mid_epoch = declared, node, resume_check, mid_epoch
         self.world = world
@@ -115,6 +116,7 @@ class ResumeProof:
                 f"data ({name}): what it would hand out next could not be told at the save (an epoch's end whose "
                 "order is drawn as the next iterator is made, or a sampler ckptstore cannot follow), and the saved "
                 "run recorded nothing it drew after it (it ended or was killed first, or another rank drew it)"
+                + (f"; {hint}" if hint else "")
                 for name in sorted(watched - set(expected))
             ]
             self.unseen += [
@@ -298,7 +300,7 @@ def start_proof(
 ) -> ResumeProof | None:
     """The proof of a restore whose declared audit is `declared` (None, or a drift: nothing to prove),
     of the copy with `metadata`, `watching` as `ResumeProof` takes it (mid_epoch, world, watched,
-    counting, unobservable, late). With nothing the run can watch it settles at once — `unverified`,
+    counting, unobservable, late, hint). With nothing the run can watch it settles at once — `unverified`,
     refused under resume_check="raise" from a mid-epoch position, before anything is assigned."""
     if declared is None or declared.verdict == "drift":
         return None

@@ -13,9 +13,10 @@ from typing import Any
 import numpy as np
 
 from ckptstore import Position, tracing
+from ckptstore.client.audit.batch_hash import batch_hash
 from ckptstore.client.audit.declared import audit, judged
 from ckptstore.client.audit.late_record import LateRecord
-from ckptstore.client.audit.proof import ResumeProof, start_proof
+from ckptstore.client.audit.proof import FIRST_BATCH, ResumeProof, start_proof
 from ckptstore.client.engine.cadence import SaveCadence, SaveEvery
 from ckptstore.client.engine.identity import NodeIdentity
 from ckptstore.client.engine.node import NodeCheckpointer
@@ -27,7 +28,9 @@ from ckptstore.copies import Restored
 from ckptstore.errors import CkptStoreError
 from ckptstore.wire.schema import ResumeAudit
 
-__all__ = ["LoopManager"]
+__all__ = ["LoopManager", "LOOP"]
+
+LOOP = "loop"  # the data a custom loop shows the resume proof, batch by batch (`LoopManager.observe_batch`)
 
 log = logging.getLogger("ckptstore.client")
 
@@ -65,6 +68,7 @@ class LoopManager:
         # the run draws first after its last such epoch-end save (client/audit/late_record.py).
         self.unforetold: set[str] = set()
         self.late: LateRecord | None = None
+        self.observing = False  # the loop shows the proof its batches (`observe_batch`)
         self.preemption = PreemptionNotice(self.options.preemption_budget_s)
         self._staging: dict[str, np.ndarray] = {}  # host buffers an async save writes from, reused
         self._between_batches = 0  # checkpoint_if_preempted calls, the same count on every process
@@ -96,6 +100,17 @@ class LoopManager:
     def _unobservable(self) -> str | None:
         """Why the loop's data cannot be observed at all (None: its data objects are watched)."""
         return None
+
+    def _proof_hint(self) -> str | None:
+        """What the proof adds where the saved run recorded nothing after its save: how a custom loop shows more."""
+        if LOOP not in self._watchable():
+            return None
+        return "a custom loop shows the proof its batches with manager.observe_batch(batch) before each step"
+
+    def _custom_loop_batches(self) -> None:
+        """A custom loop's save (TensorFlow, JAX): what it trains first after it is recorded late, once
+        the loop shows its batches (`observe_batch`)."""
+        self.unforetold = {LOOP} if self.observing else set()
 
     def _watch_after_save(self, late: LateRecord) -> None:
         """After an epoch-end save: make the data objects in `late.names` report their first draw to it
@@ -190,6 +205,7 @@ class LoopManager:
             counting=True,
             unobservable=self._unobservable(),
             late=lambda: self.checkpointer.drawn_next(restored.copy),
+            hint=self._proof_hint(),
         )
 
     def _proof_world(self) -> tuple[int, int]:
@@ -295,7 +311,7 @@ class LoopManager:
         )
         if saved:  # what training waited for this save: the service's advice weighs it (server/records/advice.py)
             self.checkpointer.reports.stats("blocked", time.perf_counter() - began, 0)
-        if saved and position.is_end_of_epoch and self.unforetold:
+        if saved and self.unforetold:
             self.late = LateRecord(position, self.unforetold, self._proof_world(), self.checkpointer.record_drawn_next)
             self._watch_after_save(self.late)
         return saved
@@ -331,6 +347,25 @@ class LoopManager:
             position = Position(epoch, batch)
             self.cadence.saved(position)
             self._save(position)
+
+    def observe_batch(self, batch: Any) -> None:
+        """Show the resume proof the batch a custom loop (TensorFlow, JAX) is about to train — any nest of
+        arrays. The first after a restore is checked against the one the saved run trained first after its
+        save, which is recorded beside each copy (client/audit/late_record.py): without it a resume is
+        `unverified`. Call it each step: a batch is hashed only when one of them waits for it."""
+        self.observing = True
+        proof, late = self.proof, self.late
+        proving = proof is not None and not proof.settled and LOOP in proof.awaiting_first_batch
+        recording = late is not None and not late.kept
+        if not (proving or recording):
+            return
+        digest = batch_hash(batch)
+        if proving:
+            assert proof is not None
+            proof.drawn(LOOP, [digest])
+        if recording:
+            assert late is not None
+            late.drew(LOOP, {FIRST_BATCH: digest})
 
     def wait(self) -> None:
         """Block until the save in flight is committed."""

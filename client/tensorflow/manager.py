@@ -25,7 +25,7 @@ import numpy as np
 from ckptstore import Position
 from ckptstore.client.audit.declared import declared_data
 from ckptstore.client.audit.proof import PROOF_KEY, recorded
-from ckptstore.client.engine.manager import LoopManager
+from ckptstore.client.engine.manager import LOOP, LoopManager
 from ckptstore.client.engine.options import CheckpointOptions
 from ckptstore.client.engine.staging import prepare_staging
 from ckptstore.client.tensorflow import global_rng
@@ -82,6 +82,9 @@ class CheckpointManager(LoopManager):
     `data`: for a loop that picks its batches from (epoch, batch) — TF's MultiWorkerMirroredStrategy
     tutorial loop, a dataset indexed by step — how it does (`seed`, `batch_size`, `length`, `shuffle`):
     recorded with every save and compared at every resume, as a tf.data iterator in `objects` is.
+    A loop shows the resume proof its batches with `observe_batch(batch)`: a resume is `exact` only
+    once its first batch is the one the saved run trained after the save; without them it is
+    `unverified`, never `exact` (client/audit/proof.py).
     """
 
     def __init__(
@@ -112,6 +115,7 @@ class CheckpointManager(LoopManager):
         self.next_counters: dict[str, int | None] = {}
         self.next_data: dict[str, Any] = {}
         self.watched_data: set[str] = set()
+        self.custom_loop = True  # a loop of the user's (Keras' callback: False), which shows its batches itself
         self._staging_warm_up: threading.Thread | None = None
 
     @property
@@ -145,16 +149,12 @@ class CheckpointManager(LoopManager):
         self.restored_data_iterations = metadata.get(DATA_ITERATIONS)
 
     def _watchable(self) -> set[str]:
-        return set(self.watched_data)
+        return {LOOP} if self.custom_loop else set(self.watched_data)
 
     def _unobservable(self) -> str | None:
-        if self.watched_data:
+        if self.custom_loop or self.watched_data:
             return None
-        return (
-            "ckptstore does not see the batches a TensorFlow loop draws, nor Keras' fit on this backend or "
-            "strategy (tf.data iterators are restored by TensorFlow, `data=` declares how a loop picks them: "
-            "compared, not observed)"
-        )
+        return "ckptstore does not see the batches Keras' fit trains on this backend or strategy"
 
     def _live_fingerprint(self, arrays: Mapping[str, np.ndarray], metadata: Mapping[str, Any]) -> dict[str, Any]:
         with _strategy_scope(self.objects):
@@ -184,6 +184,8 @@ class CheckpointManager(LoopManager):
         for name, iterator in self._iterators.items():
             views[f"{name}/{ITERATOR}"] = iterator_state(iterator)
         described = describe(variables)
+        if self.custom_loop:
+            self._custom_loop_batches()
         metadata: dict[str, Any] = {
             "variables": described,
             FINGERPRINT_KEY: self._fingerprint(described)

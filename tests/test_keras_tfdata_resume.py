@@ -12,64 +12,14 @@ from __future__ import annotations
 
 import os
 
-import numpy as np
 import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 keras = pytest.importorskip("keras")
 tf = pytest.importorskip("tensorflow")
 
-from ckptstore.client.keras import BackupAndRestore, _DataIterations  # noqa: E402
-
-EPOCHS, BATCHES = 3, 12  # 96 samples in batches of 8
-
-
-class Interrupted(Exception):
-    pass
-
-
-class InterruptAt(keras.callbacks.Callback):
-    """Ends the fit (as a crash would) once batch `batch` of `epoch` is trained (0: as the epoch begins)
-    and the save in flight committed."""
-
-    def __init__(self, backup: BackupAndRestore, epoch: int, batch: int):
-        super().__init__()
-        self.backup, self.epoch, self.batch, self.current = backup, epoch, batch, 0
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self.current = epoch
-        if (epoch, 0) == (self.epoch, self.batch):  # right after an epoch's end, before a batch trains
-            self.backup.manager.wait()
-            raise Interrupted
-
-    def on_train_batch_end(self, batch, logs=None):
-        if (self.current, batch + 1) == (self.epoch, self.batch):
-            self.backup.manager.wait()
-            raise Interrupted
-
-
-def fit(
-    storage: str, save_freq: int | str, interrupt: tuple[int, int] | None = None, check: str = "raise"
-) -> list[np.ndarray] | None:
-    keras.utils.set_random_seed(0)
-    tf.config.experimental.enable_op_determinism()
-    x = np.random.default_rng(1).standard_normal((96, 4)).astype(np.float32)
-    dataset = tf.data.Dataset.from_tensor_slices((x, x.sum(axis=1, keepdims=True))).shuffle(96).batch(8)
-    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(1)])
-    model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse")
-    backup = BackupAndRestore(storage=storage, job="tfdata", save_freq=save_freq, resume_check=check)
-    callbacks = [backup] + ([InterruptAt(backup, *interrupt)] if interrupt else [])
-    try:
-        model.fit(dataset, epochs=EPOCHS, callbacks=callbacks, verbose=0)
-    except Interrupted:
-        return None
-    return [np.array(v) for v in model.weights + model.optimizer.variables]
-
-
-def assert_bit_equal(resumed: list[np.ndarray], uninterrupted: list[np.ndarray]) -> None:
-    assert len(resumed) == len(uninterrupted)
-    differing = [i for i, (a, b) in enumerate(zip(resumed, uninterrupted, strict=True)) if a.tobytes() != b.tobytes()]
-    assert not differing, f"{len(differing)}/{len(resumed)} arrays differ"
+from ckptstore.client.keras import _DataIterations  # noqa: E402
+from tests.keras_tfdata import BATCHES, assert_bit_equal, fit  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -26,6 +26,7 @@ import keras
 import numpy as np
 
 from ckptstore import Position
+from ckptstore.client.audit.batch_hash import FitBatches
 from ckptstore.client.audit.proof import BATCH_BEFORE, FIRST_BATCH
 from ckptstore.client.engine.node import NodeCheckpointer
 from ckptstore.client.engine.options import CheckpointOptions
@@ -164,7 +165,9 @@ class BackupAndRestore(keras.callbacks.Callback):
         self._rng_after_skip: dict[str, Any] | None = None
         self._iterations: _DataIterations | None = None
         self._skipping = False  # the batches trained before the restart are being skipped
-        self._digests: Any = None  # client/tensorflow/batch_digest.py's BatchDigests, where fit's step allows
+        # What the proof sees of fit's batches: client/tensorflow/batch_digest.py's BatchDigests, or
+        # client/audit/batch_hash.py's FitBatches on the torch and JAX backends, where fit's step allows.
+        self._digests: Any = None
         self.manager.steps_reported = True  # on_train_batch_begin tells the resume proof
 
     # -- restore -------------------------------------------------------------------------------
@@ -190,12 +193,16 @@ class BackupAndRestore(keras.callbacks.Callback):
         epoch_iterator = _fit_epoch_iterator(self.model)
         self.manager.data = {"fit": _fit_data(self.model, epoch_iterator, self.params)}
         self._digests = None
-        if epoch_iterator is not None and keras.backend.backend() == "tensorflow":
+        backend = keras.backend.backend()
+        if epoch_iterator is not None and backend == "tensorflow":
             from ckptstore.client.tensorflow.batch_digest import BatchDigests
 
             if BatchDigests.available(self.model):
                 self._digests = BatchDigests(self.model)
-                self._digests.install()
+        elif epoch_iterator is not None and FitBatches.available(self.model, backend):
+            self._digests = FitBatches(self.model, backend)
+        if self._digests is not None:
+            self._digests.install()
         self.manager.watched_data = {"fit"} if self._digests is not None else set()
         self._iterations = None if epoch_iterator is None else _DataIterations(epoch_iterator)
         self.model._initial_epoch = self.manager.restore_or_initialize()
@@ -278,9 +285,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         """The last batch skipped — the one trained last before the save — to the resume proof."""
         proof = self.manager.proof
         if proof is not None and batch is not None and self._digests is not None:
-            from ckptstore.client.tensorflow.batch_digest import digest
-
-            proof.drawn("fit", [int(digest(batch))])
+            proof.drawn("fit", [self._digests.of(batch)])
 
     def _skipped(self) -> None:
         """The batches trained before the restart are skipped: the RNGs as saved come back."""

@@ -79,6 +79,7 @@ __all__ = ["NodeCheckpointer"]
 
 log = logging.getLogger("ckptstore.client")
 RETRYING_GRACE_S = 10.0  # how long the end of a run waits for a save still retrying
+DRAWN_NEXT_WAIT_S = 10.0  # how long `wait` waits for late records (best effort: unwritten, a resume is unverified)
 
 
 class NodeCheckpointer:
@@ -114,7 +115,7 @@ class NodeCheckpointer:
         self.requests: CheckpointRequests | None = None  # checkpoint-now, followed once registered
         self._durable_away = False  # the durable tier did not answer at start: the start reads without it
         self._disagreement: str | None = None  # replicas disagreed at a save: not told to the other ranks yet
-        self._recording: threading.Thread | None = None  # a late record being written (record_drawn_next)
+        self._recording: list[threading.Thread] = []  # late records being written (record_drawn_next)
         if self.local_store is not None:
             self._replicator = Replicator(
                 self.local_store,
@@ -340,9 +341,9 @@ class NodeCheckpointer:
                 except (CkptStoreError, OSError) as exc:
                     log.warning("what the run drew after %s could not be kept on %s (%s)", position, store.tier, exc)
 
-        self.wait_for_drawn_next()
-        self._recording = threading.Thread(target=record_it, name="ckptstore-drawn-next", daemon=True)
-        self._recording.start()
+        thread = threading.Thread(target=record_it, name="ckptstore-drawn-next", daemon=True)
+        thread.start()
+        self._recording = [*(t for t in self._recording if t.is_alive()), thread]
 
     def drawn_next(self, copy: CopyKey) -> Mapping[str, Any] | None:
         """What the run of `copy` drew first after it (`record_drawn_next`): from the tier the copy was
@@ -359,10 +360,14 @@ class NodeCheckpointer:
         return None
 
     def wait_for_drawn_next(self) -> None:
-        """Until the late record being written (`record_drawn_next`), if any, is written."""
-        if self._recording is not None:
-            self._recording.join()
-            self._recording = None
+        """Until the late records being written (`record_drawn_next`) are written — DRAWN_NEXT_WAIT_S at
+        most, and not at all while a save is in flight (still retrying: they follow it in the background)."""
+        if self._writer is not None and self._writer.busy:
+            return
+        deadline = time.monotonic() + DRAWN_NEXT_WAIT_S
+        for thread in self._recording:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        self._recording = [t for t in self._recording if t.is_alive()]
 
     @property
     def requested(self) -> bool:

@@ -69,6 +69,10 @@ class BatchDigests:
 
         model.train_function = model._make_function(digesting_step)
 
+    def of(self, batch: Any) -> int:
+        """The digest of one batch (a batch drawn again, in Python)."""
+        return int(digest(batch))
+
     @property
     def last(self) -> int:
         """The digest of the batch trained last."""

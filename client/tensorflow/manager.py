@@ -154,7 +154,10 @@ class CheckpointManager(LoopManager):
     def _unobservable(self) -> str | None:
         if self.custom_loop or self.watched_data:
             return None
-        return "ckptstore does not see the batches Keras' fit trains on this backend or strategy"
+        return (
+            "ckptstore does not see the batches Keras' fit trains under a tf.distribute strategy, or on JAX "
+            "with steps_per_execution > 1"
+        )
 
     def _live_fingerprint(self, arrays: Mapping[str, np.ndarray], metadata: Mapping[str, Any]) -> dict[str, Any]:
         with _strategy_scope(self.objects):

@@ -271,6 +271,8 @@ class BackupAndRestore(keras.callbacks.Callback):
             if hasattr(data, "get_next") or hasattr(data, "__next__"):
                 for _ in range(per_call):
                     drawn = data.get_next() if hasattr(data, "get_next") else next(data)
+            elif isinstance(data, (list, tuple)) and data:
+                drawn = data[-1]  # torch's: the batches its loop drew for this call
             left[0] -= 1
             if left[0] == 0:
                 model.train_function = original

@@ -22,7 +22,7 @@ import dataclasses
 import functools
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -39,6 +39,7 @@ from ckptstore.client.engine.options import CheckpointOptions
 from ckptstore.client.torch.distributed import DistributedLoaderPosition, is_distributed_loader
 from ckptstore.client.torch.fingerprint import fingerprint, is_data
 from ckptstore.client.torch.loaders import (
+    NEXT_INDICES,
     generator_states,
     is_loader,
     next_ids,
@@ -281,9 +282,9 @@ class CheckpointManager(LoopManager):
         return self._world()
 
     def _watch_after_save(self, late: LateRecord) -> None:
-        """Each data object reports the ids of its first batch after the save."""
+        """Each data object reports the ids of its first batch after the save (its first NEXT_INDICES)."""
         for name in late.names:
-            watch_first_draws(self.objects[name], functools.partial(late.drew, name))
+            watch_first_draws(self.objects[name], functools.partial(_first_ids, late, name))
 
     def _apply(self, arrays: Mapping[str, np.ndarray], metadata: Mapping[str, Any]) -> None:
         if STATE_KEY not in metadata:
@@ -339,6 +340,11 @@ class CheckpointManager(LoopManager):
 
     def __enter__(self) -> CheckpointManager:
         return self
+
+
+def _first_ids(late: LateRecord, name: str, ids: Sequence[int]) -> None:
+    """The first NEXT_INDICES ids the data object `name` drew after the save, to its late record."""
+    late.drew(name, list(ids)[:NEXT_INDICES])
 
 
 def _world_size() -> int:

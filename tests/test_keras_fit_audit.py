@@ -1,8 +1,9 @@
 """The resume audit of a Keras `fit` sees what changes its batches though the steps per epoch stay
 the same (43 with validation_split=0.1: 3,000 samples in batches of 64 or 63, or 2,990 in 64s):
 the seed `keras.utils.set_random_seed` set, the batch size, the number of samples — each named as
-drift and refused under resume_check="raise"; the unchanged run resumed from an epoch's end checks
-its counters and says its data unverified (the next epoch's order is drawn as its iterator is made)."""
+drift and refused under resume_check="raise"; the unchanged run resumed from the epoch's end that
+ended the first fit checks its counters and says its data unverified (the next epoch's order is drawn
+as its iterator is made, and the first fit ended before it drew one: nothing recorded to check)."""
 
 from __future__ import annotations
 

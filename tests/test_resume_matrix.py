@@ -66,12 +66,12 @@ def _train_job(*mode: str) -> Run:
     return run
 
 
-def _keras_tfdata(reshuffle: bool) -> Run:
+def _keras_tfdata(reshuffle: bool, save_freq: int | str = 5) -> Run:
     def run(tmp_path: Path, job: str, kill: Kill | None, capsys: pytest.CaptureFixture) -> tuple[str, dict]:
         from tests.keras_tfdata import fit
 
         capsys.readouterr()
-        arrays = fit(str(tmp_path / job), 5, kill, check="warn", reshuffle=reshuffle)
+        arrays = fit(str(tmp_path / job), save_freq, kill, check="warn", reshuffle=reshuffle)
         return capsys.readouterr().err, {} if arrays is None else {str(i): a for i, a in enumerate(arrays)}
 
     return run
@@ -108,6 +108,11 @@ SETUPS: dict[str, SetUp] = {
     ),
     "keras-tfdata-reshuffling": SetUp(
         _keras_tfdata(reshuffle=True),
+        {"mid-epoch": (1, 7), "last-batch": (1, 12), "after-epoch-end": (2, 1)},
+        ("tensorflow",),
+    ),
+    "keras-tfdata-reshuffling-save-freq-epoch": SetUp(  # as the README recommended for such pipelines
+        _keras_tfdata(reshuffle=True, save_freq="epoch"),
         {"mid-epoch": (1, 7), "last-batch": (1, 12), "after-epoch-end": (2, 1)},
         ("tensorflow",),
     ),

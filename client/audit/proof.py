@@ -14,8 +14,9 @@ the proof settles —
 - `unverified` when the data could not be observed (said why): never `exact`.
 
 Where a save cannot tell what comes next — an epoch's end whose order is drawn only as the next
-iterator is made (torchdata's shuffling loader, Keras' `fit`, Lightning's and HF's loaders) — the saved
-run records it late: what it drew first after the save is kept beside the copy (the store's
+iterator is made (torchdata's shuffling loader, Keras' `fit`, Lightning's and HF's loaders), a custom
+loop that shows its batches (`LoopManager.observe_batch`) — the saved run records it late: what it drew
+first after the save is kept beside the copy (client/audit/late_record.py; the store's
 `record_drawn_next`, written once the copy is committed), and a resume from that copy checks its first
 draws against it. A run killed before it drew after the save left no record: its resume is `unverified`.
 
@@ -140,8 +141,9 @@ class ResumeProof:
 
     @property
     def awaiting_first_batch(self) -> set[str]:
-        """The data objects whose first batch after the restore is reported after it trains (FIRST_BATCH:
-        Keras' `fit` from an epoch's end), not yet reported: the proof settles once they are."""
+        """The data objects checked by the hash of their first batch after the restore (FIRST_BATCH: Keras'
+        `fit` from an epoch's end, reported once it trained; a custom loop's, as it shows it), not yet
+        reported: the proof settles once they are."""
         return {
             name
             for name, record in self.expected.items()

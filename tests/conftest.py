@@ -112,12 +112,12 @@ def job_name() -> str:
 # scenario): marked slow here so the default run keeps near 30 minutes on 2 cores (the slowest 40 of
 # `bash scripts/test.sh --durations`); `bash scripts/test.sh -m slow` runs them.
 LONG_VARIANTS = {
-    "tests/test_exact_resume.py::test_exact_is_said_only_of_a_bit_exact_resume_and_every_bit_exact_one_is_not_drift[docs-after-epoch-end]",
-    "tests/test_exact_resume.py::test_exact_is_said_only_of_a_bit_exact_resume_and_every_bit_exact_one_is_not_drift[stateful-after-epoch-end]",
-    "tests/test_exact_resume.py::test_exact_is_said_only_of_a_bit_exact_resume_and_every_bit_exact_one_is_not_drift[shuffle-gen-after-epoch-end]",
-    "tests/test_exact_resume.py::test_exact_is_said_only_of_a_bit_exact_resume_and_every_bit_exact_one_is_not_drift[plain-last-batch]",
-    "tests/test_exact_resume.py::test_exact_is_said_only_of_a_bit_exact_resume_and_every_bit_exact_one_is_not_drift[stateful-last-batch]",
-    "tests/test_exact_resume.py::test_exact_is_said_only_of_a_bit_exact_resume_and_every_bit_exact_one_is_not_drift[shuffle-gen-last-batch]",
+    "tests/test_resume_matrix.py::test_a_resume_is_called_exact_only_when_bit_equal_and_a_bit_equal_one_never_drift[torch-docs-after-epoch-end]",
+    "tests/test_resume_matrix.py::test_a_resume_is_called_exact_only_when_bit_equal_and_a_bit_equal_one_never_drift[torch-stateful-after-epoch-end]",
+    "tests/test_resume_matrix.py::test_a_resume_is_called_exact_only_when_bit_equal_and_a_bit_equal_one_never_drift[torch-shuffle-gen-after-epoch-end]",
+    "tests/test_resume_matrix.py::test_a_resume_is_called_exact_only_when_bit_equal_and_a_bit_equal_one_never_drift[torch-plain-last-batch]",
+    "tests/test_resume_matrix.py::test_a_resume_is_called_exact_only_when_bit_equal_and_a_bit_equal_one_never_drift[torch-stateful-last-batch]",
+    "tests/test_resume_matrix.py::test_a_resume_is_called_exact_only_when_bit_equal_and_a_bit_equal_one_never_drift[torch-shuffle-gen-last-batch]",
     "tests/test_training.py::test_keras_on_the_jax_and_pytorch_backends_resumes_mid_epoch_bit_equal[jax]",
     "tests/test_training.py::test_keras_on_the_jax_and_pytorch_backends_resumes_mid_epoch_bit_equal[torch]",
     "tests/test_training.py::test_keras_as_users_write_it_shuffled_with_unseeded_dropout_resumes_bit_equal[mid-epoch-torch]",
@@ -142,6 +142,9 @@ LONG_VARIANTS = {
     "tests/test_replica_agreement.py::test_an_hsdp_replica_that_differs_is_named_its_save_is_not_good_and_loads_go_to_the_save_before",
     "tests/test_lightning.py::test_a_fit_killed_resumes_bit_exactly[epoch-end-stateful-loader]",
     "tests/test_lightning.py::test_saves_due_at_an_epochs_last_batch_are_epoch_ends_and_every_kill_point_resumes_exactly[killed-at-an-epochs-last-batch-stateful]",
+    "tests/test_lightning.py::test_saves_due_at_an_epochs_last_batch_are_epoch_ends_and_every_kill_point_resumes_exactly[killed-right-after-an-epoch-end-stateful]",
+    "tests/test_lightning.py::test_saves_due_at_an_epochs_last_batch_are_epoch_ends_and_every_kill_point_resumes_exactly[killed-right-after-an-epoch-end-plain]",
+    "tests/test_hf.py::test_a_trainer_killed_on_a_machine_that_is_gone_resumes_bit_exactly[right-after-an-epoch-end]",
     "tests/test_elastic_resume.py::test_a_restart_on_another_world_size_trains_every_sample_of_the_epoch_once[4-to-2]",
     "tests/test_elastic_resume.py::test_a_trainer_restarted_on_another_world_size_trains_every_sample_once[hf-1-to-2]",
     "tests/test_elastic_resume.py::test_a_trainer_restarted_on_another_world_size_trains_every_sample_once[lightning-1-to-2]",
@@ -151,7 +154,15 @@ LONG_VARIANTS = {
 
 
 @pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if item.nodeid in LONG_VARIANTS:
             item.add_marker(pytest.mark.slow)
+    # A variant renamed or gone would silently run in the default run again: in a run of whole files
+    # (no -k, no test ids), each one named for a collected file must be there.
+    if config.option.keyword or any("::" in arg for arg in config.args):
+        return
+    ids, files = {item.nodeid for item in items}, {item.nodeid.split("::")[0] for item in items}
+    stale = sorted(v for v in LONG_VARIANTS if v.split("::")[0] in files and v not in ids)
+    if stale:
+        raise pytest.UsageError(f"LONG_VARIANTS names tests that are not collected: {stale}")

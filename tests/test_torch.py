@@ -120,10 +120,14 @@ def ranks(
             processes[killed_rank][0].wait(timeout=300)
             for process, _ in processes:
                 process.kill()
-        for process, out in processes:
+        for rank, (process, out) in enumerate(processes):
             stdout, stderr = process.communicate(timeout=300)
-            if killed_rank is None:
-                assert process.returncode == 0, stderr[-3000:]
+            if killed_rank is None and process.returncode != 0:  # the others go with it, and say their end
+                for other, _ in processes[rank + 1 :]:
+                    other.kill()
+                ends = [f"rank {rank} (rc {process.returncode}): {stderr[-3000:]}"]
+                ends += [f"rank {r}: {p.communicate()[1][-1500:]}" for r, (p, _) in enumerate(processes) if r > rank]
+                raise AssertionError("\n".join(ends))
             outputs.append(stdout + f"STDERR {stderr}\nOUT {out}\n")
     finally:  # a rank that failed leaves the others waiting in a collective: they go with it
         for process, _ in processes:

@@ -78,6 +78,23 @@ def loader(samples: int) -> torch.utils.data.DataLoader:
     return torch.utils.data.DataLoader(dataset, batch_size=32, sampler=ResumableSampler(dataset, seed=1))
 
 
+def restored(tensors: dict[str, torch.Tensor], root: str, data: Any, timers: dict[str, Timed]) -> dict[str, float]:
+    """A cold restore into a new manager over `data`, its first batch drawn and its first step over (the
+    proof settles): its seconds, and the audit's and the proof's within them."""
+    drop_caches()
+    fresh = {name: torch.empty_like(tensor) for name, tensor in tensors.items()}
+    restorer = CheckpointManager(objects={"model": Holder(fresh), "data": data}, storage=root, job="audit", node="n0")
+    started = time.perf_counter()
+    restorer.restore_or_initialize()
+    next(iter(data))  # the first batch: the proof compares its ids
+    restorer.checkpoint_if_preempted(1, 1)  # the first step is over: the proof settles
+    seconds = time.perf_counter() - started
+    restorer.close()
+    assert restorer.audit is not None and restorer.audit.verdict == "exact", restorer.audit
+    proof = sum(timers[name].seconds for name in ("watch", "drawn", "settle"))
+    return {"restore": seconds, "audit": timers["audit"].seconds, "proof": proof}
+
+
 def shuffling_loader(samples: int) -> Any:
     """torchdata's StatefulDataLoader(shuffle=True) over `samples` samples, in batches of 1,024."""
     from torchdata.stateful_dataloader import StatefulDataLoader
@@ -108,19 +125,8 @@ def one_epoch_end(
     save = {"fingerprint": timers["fingerprint"].seconds, "record": on_path - timers["fingerprint"].seconds}
     save["written"] = timers["write_record"].seconds
     timers["watch"].seconds = 0.0  # the save's watch is the record's (above), not the proof's
-    drop_caches()
-    fresh = {name: torch.empty_like(tensor) for name, tensor in tensors.items()}
-    data = shuffling_loader(samples)
-    restorer = CheckpointManager(objects={"model": Holder(fresh), "data": data}, storage=root, job="audit", node="n0")
-    started = time.perf_counter()
-    restorer.restore_or_initialize()
-    next(iter(data))
-    restorer.checkpoint_if_preempted(1, 1)  # the first step is over: the proof settles
-    restore = time.perf_counter() - started
-    restorer.close()
-    assert restorer.audit is not None and restorer.audit.verdict == "exact", restorer.audit
-    proof = sum(timers[name].seconds for name in ("watch", "drawn", "settle"))
-    return {"blocked": blocked, **save, "restore": restore, "audit": timers["audit"].seconds, "proof": proof}
+    restore = restored(tensors, root, shuffling_loader(samples), timers)
+    return {"blocked": blocked, **save, **restore}
 
 
 def one(tensors: dict[str, torch.Tensor], root: str, samples: int, timers: dict[str, Timed]) -> dict[str, float]:
@@ -137,18 +143,8 @@ def one(tensors: dict[str, torch.Tensor], root: str, samples: int, timers: dict[
     blocked = time.perf_counter() - started
     saver.close()
     save = {"fingerprint": timers["fingerprint"].seconds, "record": timers["next_ids"].seconds}
-    drop_caches()
-    fresh = {name: torch.empty_like(tensor) for name, tensor in tensors.items()}
-    data = loader(samples)
-    restorer = CheckpointManager(objects={"model": Holder(fresh), "data": data}, storage=root, job="audit", node="n0")
-    started = time.perf_counter()
-    restorer.restore_or_initialize()
-    next(iter(data))  # the first batch: the proof compares its ids and settles
-    restore = time.perf_counter() - started
-    restorer.close()
-    assert restorer.audit is not None and restorer.audit.verdict == "exact", restorer.audit
-    proof = sum(timers[name].seconds for name in ("watch", "drawn", "settle"))
-    return {"blocked": blocked, **save, "restore": restore, "audit": timers["audit"].seconds, "proof": proof}
+    restore = restored(tensors, root, loader(samples), timers)
+    return {"blocked": blocked, **save, **restore}
 
 
 def main() -> None:

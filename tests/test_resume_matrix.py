@@ -34,34 +34,22 @@ class SetUp:
     unverified: frozenset[str] = field(default_factory=frozenset)
 
 
-def _torch(loader: str) -> Run:
+def _by_batches(module: str, *flags: str) -> Run:
+    """A job of tests/ killed before a batch (--kill-epoch/--kill-batch): the PyTorch loop, Keras' fit
+    over NumPy arrays (as keras.io writes it) or a TF custom loop."""
+
     def run(tmp_path: Path, job: str, kill: Kill | None, capsys: pytest.CaptureFixture) -> tuple[str, dict]:
         from tests.test_torch import final
-        from tests.test_torch import run_job as run_torch
+        from tests.test_torch import run_job as run_process
 
-        args = ["--loader", loader, "--storage", str(tmp_path / "ckpt"), "--job", job]
+        args = [*flags, "--storage", str(tmp_path / "ckpt"), "--job", job]
         if kill is not None:
-            run_torch(tmp_path, *args, "--kill-epoch", str(kill[0]), "--kill-batch", str(kill[1]), killed=True)
+            run_process(
+                tmp_path, *args, "--kill-epoch", str(kill[0]), "--kill-batch", str(kill[1]), killed=True, module=module
+            )
             return "", {}
-        output = run_torch(tmp_path, *args)
+        output = run_process(tmp_path, *args, module=module)
         return output, final(output)
-
-    return run
-
-
-def _train_job(*mode: str) -> Run:
-    """tests/train_job.py: Keras' fit over NumPy arrays (as keras.io writes it), or a TF custom loop."""
-
-    def run(tmp_path: Path, job: str, kill: Kill | None, capsys: pytest.CaptureFixture) -> tuple[str, dict]:
-        from tests.test_training import final_state
-        from tests.test_training import run_job as run_train
-
-        args = ["--storage", str(tmp_path / "ckpt"), "--job", job, *mode]
-        if kill is not None:
-            run_train(tmp_path, *args, "--kill-epoch", str(kill[0]), "--kill-batch", str(kill[1]), killed=True)
-            return "", {}
-        output = run_train(tmp_path, *args)
-        return output, final_state(output)
 
     return run
 
@@ -93,7 +81,7 @@ TORCH_KILLS = {"mid-epoch": (1, 7), "last-batch": (1, 11), "after-epoch-end": (2
 SETUPS: dict[str, SetUp] = {
     **{
         f"torch-{loader}": SetUp(
-            _torch(loader),
+            _by_batches("tests.torch_job", "--loader", loader),
             TORCH_KILLS,
             ("torch",),
             # The loader outside objects: its batches are not seen, and mid-epoch not put back either.
@@ -102,7 +90,7 @@ SETUPS: dict[str, SetUp] = {
         for loader in ("docs", "shuffle", "shuffle-gen", "plain", "stateful", "unsaved")
     },
     "keras-numpy": SetUp(
-        _train_job("--mode", "keras", "--save-freq", "4", "--as-users-write"),
+        _by_batches("tests.train_job", "--mode", "keras", "--save-freq", "4", "--as-users-write"),
         {"mid-epoch": (3, 6), "last-batch": (3, 11), "after-epoch-end": (3, 1)},
         ("tensorflow",),
     ),
@@ -122,7 +110,7 @@ SETUPS: dict[str, SetUp] = {
         ("tensorflow",),
     ),
     "tf-loop": SetUp(
-        _train_job("--mode", "loop"),
+        _by_batches("tests.train_job", "--mode", "loop"),
         {"mid-epoch": (3, 6), "last-batch": (3, 11), "after-epoch-end": (3, 1)},
         ("tensorflow",),
     ),

@@ -205,34 +205,40 @@ class ResumeProof:
 
     def _batch_before(self, name: str, drawn: Any, saved: Any) -> None:
         """The batch before the resumed position, drawn again after the restore, against the saved run's."""
-        if drawn != saved:
-            said = (
-                f"samples {_shown(drawn)}, saved {_shown(saved)}"
-                if isinstance(saved, list)
-                else f"digest {drawn}, saved {saved}"
-            )
-            self.found.append(
-                f"data ({name}): the batch before the resumed position, drawn again to skip it, is not the saved "
-                f"run's ({said}): the resumed epoch does not draw the saved run's order"
-            )
-            self.settle()
-            return
-        self.seen[name] = 1
-        self.evidence[name] = f"{name}'s batch before the position (drawn again to skip it)"
+        said = (
+            f"samples {_shown(drawn)}, saved {_shown(saved)}"
+            if isinstance(saved, list)
+            else f"digest {drawn}, saved {saved}"
+        )
+        self._one_batch(
+            name,
+            drawn == saved,
+            f"the batch before the resumed position, drawn again to skip it, is not the saved run's ({said})",
+            "batch before the position (drawn again to skip it)",
+        )
 
     def _first_batch(self, name: str, drawn: int, saved: Any) -> None:
         """The first batch trained after the restore, against the one the saved run trained after the save."""
-        if drawn != saved:
-            self.found.append(
-                f"data ({name}): the first batch trained after the restore (digest {drawn}) is not the one the saved "
-                f"run trained after the save (digest {saved}): the resumed epoch does not draw the saved run's order"
-            )
+        matched = self._one_batch(
+            name,
+            drawn == saved,
+            f"the first batch trained after the restore (digest {drawn}) is not the one the saved run trained "
+            f"after the save (digest {saved})",
+            "first batch (the one the saved run trained after the save)",
+        )
+        if matched and self.stepped and not self.awaiting_first_batch:
             self.settle()
-            return
+
+    def _one_batch(self, name: str, same: bool, differs: str, seen: str) -> bool:
+        """One batch of `name` checked (`same`): a difference settles the proof as drift, said as
+        `differs`; a match is evidence, said as `seen`. Returns whether it matched."""
+        if not same:
+            self.found.append(f"data ({name}): {differs}: the resumed epoch does not draw the saved run's order")
+            self.settle()
+            return False
         self.seen[name] = 1
-        self.evidence[name] = f"{name}'s first batch (the one the saved run trained after the save)"
-        if self.stepped and not self.awaiting_first_batch:
-            self.settle()
+        self.evidence[name] = f"{name}'s {seen}"
+        return True
 
     def step(self, counters: Mapping[str, int | None]) -> None:
         """The first step after the restore begins with `counters` (before it trains): compared with the

@@ -2,7 +2,7 @@
 writes, and the audit and proof each restore runs, against a save's blocked time and a restore's
 total time, for ≈ 1 GiB of PyTorch state and a data loader over `--samples` samples.
 
-    python bench/audit.py [--gib 1] [--reps 5] [--samples 1000000] [--epoch-end]
+    python bench/audit.py [--gib 1] [--reps 5] [--samples 1000000] [--epoch-end [--verbose]]
 
 Two layouts of the same bytes: `model_like` (8 large matrices, 200 biases) and 4,000 tensors (a
 deep model's many small parameters: the fingerprint lists each one); beside them, in `objects`, the
@@ -18,7 +18,8 @@ on two noisy totals. Reports medians.
 `StatefulDataLoader(shuffle=True)` drained over its epoch, saved at the epoch's end (its next order
 cannot be told at the save), its first batch after the save drawn (the ids recorded and written beside
 the copy, on a thread of its own: timed apart, off the training path); the restore reads the record
-with the audit and checks the first batch against it.
+with the audit and checks the first batch against it. `--verbose` prints each run's parts of the save's
+record (the next ids, the watch, the first draw handed on, the record's thread started).
 """
 
 from __future__ import annotations
@@ -103,7 +104,7 @@ def shuffling_loader(samples: int) -> Any:
 
 
 def one_epoch_end(
-    tensors: dict[str, torch.Tensor], root: str, samples: int, timers: dict[str, Timed]
+    tensors: dict[str, torch.Tensor], root: str, samples: int, timers: dict[str, Timed], verbose: bool = False
 ) -> dict[str, float]:
     """The late record's costs: a save at an epoch's end and the first batch after it, then the restore."""
     for timer in timers.values():
@@ -120,7 +121,7 @@ def one_epoch_end(
     saver.close()
     # (`drew` hands the record to `record_drawn_next`, which starts its thread: timed within `drew`.)
     on_path = sum(timers[name].seconds for name in ("fingerprint", "next_ids", "watch_after", "drew"))
-    if os.environ.get("BENCH_VERBOSE"):
+    if verbose:
         print({name: round(timers[name].seconds * 1e3, 3) for name in ("next_ids", "watch_after", "drew", "record")})
     save = {"fingerprint": timers["fingerprint"].seconds, "record": on_path - timers["fingerprint"].seconds}
     save["written"] = timers["write_record"].seconds
@@ -153,6 +154,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--samples", type=int, default=1_000_000)
     parser.add_argument("--epoch-end", action="store_true", help="the late record's costs (see the docstring)")
+    parser.add_argument("--verbose", action="store_true", help="with --epoch-end: each run's parts of the record")
     args = parser.parse_args()
     timers = {
         "watch_after": Timed(ckptstore.client.torch.manager.CheckpointManager, "_watch_after_save"),
@@ -181,7 +183,10 @@ def main() -> None:
         for _ in range(args.reps):
             root = tempfile.mkdtemp(prefix="ckpt-audit-", dir=os.environ.get("BENCH_DIR"))
             try:
-                runs.append((one_epoch_end if args.epoch_end else one)(tensors, root, args.samples, timers))
+                if args.epoch_end:
+                    runs.append(one_epoch_end(tensors, root, args.samples, timers, args.verbose))
+                else:
+                    runs.append(one(tensors, root, args.samples, timers))
             finally:
                 shutil.rmtree(root, ignore_errors=True)
         med = {key: statistics.median(run[key] for run in runs) for key in runs[0]}

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import sys
-import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
@@ -33,6 +32,7 @@ import numpy as np
 from ckptstore import AccessReport, CheckpointRef, CopyKey, Position, Store, tracing
 from ckptstore.agreement import disagreement_of
 from ckptstore.client.audit.declared import said
+from ckptstore.client.engine.background import RetryingQueue
 from ckptstore.client.engine.exit_codes import install_exit_codes
 from ckptstore.client.engine.fork import restore_fork
 from ckptstore.client.engine.fresh_start import (
@@ -115,7 +115,12 @@ class NodeCheckpointer:
         self.requests: CheckpointRequests | None = None  # checkpoint-now, followed once registered
         self._durable_away = False  # the durable tier did not answer at start: the start reads without it
         self._disagreement: str | None = None  # replicas disagreed at a save: not told to the other ranks yet
-        self._recording: list[threading.Thread] = []  # late records being written (record_drawn_next)
+        self._drawn_next: RetryingQueue[tuple[CopyKey, Mapping[str, Any]]] = RetryingQueue(
+            "ckptstore-drawn-next",
+            self._write_drawn_next,
+            transient=(StorageUnavailableError,),
+            on_dropped=self._drawn_next_lost,
+        )
         if self.local_store is not None:
             self._replicator = Replicator(
                 self.local_store,
@@ -322,28 +327,25 @@ class NodeCheckpointer:
 
     def record_drawn_next(self, position: Position, record: Mapping[str, Any]) -> None:
         """Keep beside this node's copy at `position` what the run drew right after it (the resume proof's
-        late record, client/audit/proof.py) — once the copy is committed, on each tier that holds it
-        (replication carries it to a tier the copy reaches later), off the training path; `wait` waits
-        for it. A record that cannot be written is said and lost: a resume from that copy is unverified."""
-        if not self.writes or self.attempt is None:
-            return
-        copy = self.store.key(self.job, self.node, position, self.attempt)
-        writer, tiers = self._writer, self.tiers
+        late record, client/audit/late_record.py) — queued, written once the copy is committed on each
+        tier that holds it (replication carries it to a tier the copy reaches later), off the training
+        path; `wait` waits for it a little. A record that cannot be written is said and lost: a resume
+        from that copy is then unverified."""
+        if self.writes and self.attempt is not None:
+            self._drawn_next.put((self.store.key(self.job, self.node, position, self.attempt), record))
 
-        def record_it() -> None:
-            if writer is not None:
-                writer.join_current()  # the copy's own save, if it is still being written
-            for store in tiers.values():
-                try:
-                    store.record_drawn_next(copy.on(store.tier), record)
-                except CheckpointNotFoundError:
-                    continue  # not committed there (yet: replication carries the record along)
-                except (CkptStoreError, OSError) as exc:
-                    log.warning("what the run drew after %s could not be kept on %s (%s)", position, store.tier, exc)
+    def _write_drawn_next(self, item: tuple[CopyKey, Mapping[str, Any]]) -> None:
+        copy, record = item
+        if self._writer is not None:
+            self._writer.join_current()  # the copy's own save, if it is still being written
+        for store in self.tiers.values():
+            try:
+                store.record_drawn_next(copy.on(store.tier), record)
+            except CheckpointNotFoundError:
+                continue  # not committed there (yet: replication carries the record along)
 
-        thread = threading.Thread(target=record_it, name="ckptstore-drawn-next", daemon=True)
-        thread.start()
-        self._recording = [*(t for t in self._recording if t.is_alive()), thread]
+    def _drawn_next_lost(self, item: tuple[CopyKey, Mapping[str, Any]], error: Exception) -> None:
+        log.warning("what the run drew after %s could not be kept (%s): a resume from it is unverified", item[0], error)
 
     def drawn_next(self, copy: CopyKey) -> Mapping[str, Any] | None:
         """What the run of `copy` drew first after it (`record_drawn_next`): from the tier the copy was
@@ -360,14 +362,10 @@ class NodeCheckpointer:
         return None
 
     def wait_for_drawn_next(self) -> None:
-        """Until the late records being written (`record_drawn_next`) are written — DRAWN_NEXT_WAIT_S at
-        most, and not at all while a save is in flight (still retrying: they follow it in the background)."""
-        if self._writer is not None and self._writer.busy:
-            return
-        deadline = time.monotonic() + DRAWN_NEXT_WAIT_S
-        for thread in self._recording:
-            thread.join(max(0.0, deadline - time.monotonic()))
-        self._recording = [t for t in self._recording if t.is_alive()]
+        """Until the late records queued (`record_drawn_next`) are written — DRAWN_NEXT_WAIT_S at most, and
+        not at all while a save is in flight (still retrying: they follow it in the background)."""
+        if self._writer is None or not self._writer.busy:
+            self._drawn_next.drain(DRAWN_NEXT_WAIT_S)
 
     @property
     def requested(self) -> bool:
@@ -548,7 +546,14 @@ class NodeCheckpointer:
             for summary in summaries:
                 if summary is not None:
                     print(f"ckptstore: {self.job}/{self.node}: {summary}", file=sys.stderr, flush=True)
-            for worker in (self._replicator, self.peers, self._retention, self.reports, self.requests):
+            for worker in (
+                self._replicator,
+                self.peers,
+                self._retention,
+                self.reports,
+                self.requests,
+                self._drawn_next,
+            ):
                 if worker is not None:
                     worker.close()
             if self.client is not None:
